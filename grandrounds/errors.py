@@ -1,0 +1,22 @@
+"""Exit codes (DESIGN §8): 0 success, 2 bad input, 1 anything else."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from handlers.backbones import BackboneUnavailable
+from handlers.cases import CaseFileError
+from handlers.policies.config import PolicyError
+from handlers.runs import RunMismatch
+
+BAD_INPUT = (CaseFileError, PolicyError, RunMismatch, BackboneUnavailable)
+
+
+def fail(message: str, code: int, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"error": message, "exit_code": code}))
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)

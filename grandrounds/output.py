@@ -1,0 +1,36 @@
+"""Human-readable rendering of command results (the `--json` path prints the object itself)."""
+
+from __future__ import annotations
+
+import click
+
+
+def _curve_points(curve: list[float]) -> str:
+    if not curve:
+        return "-"
+    n = len(curve)
+    marks = []
+    for frac in (0.1, 0.25, 0.5, 0.75, 1.0):
+        i = max(1, round(frac * n))
+        marks.append(f"{i}:{curve[i - 1]:.2f}")
+    return "  ".join(marks)
+
+
+def render_run(summary: dict, db: str, note: str) -> str:
+    mem = summary["memory"]
+    pr = mem["rules_by_priority"]
+    tools = ", ".join(f"{k}={v}" for k, v in mem["tools"].items()) or "none offered (add --sim-tool NAME=RELIABILITY)"
+    lines = [
+        click.style(f"run {summary['run_id']}", bold=True)
+        + f"  policy {summary['policy']} · backbone {summary['backbone']} · seed {summary['seed']} · db {db}",
+        f"  cases        {summary['cases']}   correct {summary['correct']}   accuracy {summary['accuracy']:.3f}",
+        f"  cumulative   {_curve_points(summary['cumulative_accuracy'])}   (cases:accuracy so far)",
+        f"  memory       episodes {mem['episodes']} · rules {mem['rules']} "
+        f"(P0 {pr['0']}, P1 {pr['1']}, P2 {pr['2']}; {mem['rules_retired']} retired)",
+        f"  tools        {tools}",
+        f"  events       {summary['events']}",
+        f"  fingerprint  {summary['fingerprint']}",
+    ]
+    if note:
+        lines.append(click.style(f"  note: {note}", fg="yellow"))
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The five stages (retrieve, act, feedback, reflect, govern) and the memory policies they apply."""

@@ -1,0 +1,133 @@
+"""The offline `sim` backbone: deterministic, model-free, for tests, demos and throughput.
+
+Its numbers are never clinical accuracy. While acting it does not see the gold answer: it
+follows an injected memory item whose trigger overlaps the case and which names one of the
+options, uses tools as their governance labels allow, and otherwise picks the option with
+the highest lexical overlap. While reflecting (gold legitimately visible) it writes a rule
+and guideline linking the case's key terms to the correct option text. Learning curves
+therefore depend only on retrieval, valuation and governance — what the tests probe.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from handlers.cases import Case, CaseView
+from handlers.policies.evo_medagent import demoted
+from handlers.text import content_tokens, key_terms, trigger_overlap
+from handlers.tools import ToolBox
+from store.event_types import (AgentStep, AnswerGiven, FeedbackRecorded, MemoryRetrieved,
+                               ReflectionRecorded, RuleEditProposal, ToolCall)
+
+SIM_NOTE = "sim backbone: offline simulator for tests and demos; its accuracy is not a clinical measure"
+
+
+def option_named(text: str, options: dict[str, str]) -> str | None:
+    """The option whose full text appears in `text` (the longest, if several)."""
+    low = text.lower()
+    hits = [(len(t), k) for k, t in options.items() if t.lower() in low]
+    return max(hits)[1] if hits else None
+
+
+def lexical_choice(view: CaseView, rng: np.random.Generator) -> tuple[str, int]:
+    q = content_tokens(view.question)
+    scored = [(len(content_tokens(text) & q), letter) for letter, text in view.options.items()]
+    best = max(s for s, _ in scored)
+    tied = sorted(letter for s, letter in scored if s == best)
+    return tied[int(rng.integers(len(tied)))], best
+
+
+def rule_text(terms: list[str], option_text: str) -> str:
+    return f"If the presentation includes {', '.join(terms[:8])}: favour '{option_text}'."
+
+
+class SimBackbone:
+    name = "sim"
+    model = None
+    note = SIM_NOTE
+
+    def __init__(self, follow_overlap: float = 0.3, edit_overlap: float = 0.6):
+        self.follow_overlap = follow_overlap
+        self.edit_overlap = edit_overlap
+
+    async def act(self, view: CaseView, memory: MemoryRetrieved, toolbox: ToolBox,
+                  rng: np.random.Generator) -> AnswerGiven:
+        q = content_tokens(view.question)
+        steps: list[AgentStep] = []
+
+        follow: tuple[str, str, float] | None = None  # (source, letter, overlap)
+        for kind, items in (("rule", memory.rules), ("episode", memory.episodes)):
+            for item in items:
+                text = item.text if kind == "rule" else item.guideline
+                item_id = item.rule_id if kind == "rule" else item.episode_id
+                letter = option_named(text, view.options)
+                overlap = trigger_overlap(item.trigger, q)
+                if letter and overlap >= self.follow_overlap and (follow is None or overlap > follow[2]):
+                    follow = (f"{kind}:{item_id}", letter, overlap)
+        if follow:
+            steps.append(AgentStep(kind="reasoning",
+                                   content=f"{follow[0]} matches {follow[2]:.2f} of its trigger and names {follow[1]}"))
+
+        labels = {g.tool: g.label for g in memory.tool_guidance}
+        outputs: list[tuple[str, str, str | None]] = []  # (tool, label, output)
+        for name in toolbox.names:
+            label = labels.get(name, "Caution")
+            if label == "Avoid":
+                steps.append(AgentStep(kind="reasoning", content=f"skip {name}: governance says Avoid"))
+                continue
+            out = toolbox.call(name)
+            steps.append(AgentStep(kind="tool", content=name))
+            steps.append(AgentStep(kind="observation", content=f"{name} -> {out if out else 'no result'}"))
+            outputs.append((name, label, out))
+
+        def first(label: str) -> tuple[str, str] | None:
+            return next(((t, o) for t, l, o in outputs if l == label and o), None)
+
+        trusted, caution = first("Trusted"), first("Caution")
+        if follow and follow[0].startswith("rule:"):
+            answer, source = follow[1], follow[0]
+        elif trusted:
+            answer, source = trusted[1], f"tool:{trusted[0]}"
+        elif follow:
+            answer, source = follow[1], follow[0]
+        elif caution:
+            answer, source = caution[1], f"tool:{caution[0]}"
+        else:
+            answer, overlap = lexical_choice(view, rng)
+            source = "lexical"
+            steps.append(AgentStep(kind="reasoning", content=f"no applicable memory or tool; lexical overlap {overlap}"))
+        steps.append(AgentStep(kind="response", content=answer))
+        calls = [ToolCall(tool=t, label=l, output=o, adopted=o is not None and o == answer) for t, l, o in outputs]
+        return AnswerGiven(answer=answer, source=source, steps=steps, tool_calls=calls)
+
+    async def reflect(self, case: Case, memory: MemoryRetrieved, answer: AnswerGiven,
+                      feedback: FeedbackRecorded) -> ReflectionRecorded:
+        gold_text = case.options[case.answer]
+        terms = key_terms(case.question)
+        summary = (f"[{case.category}] Answered {answer.answer} ('{case.options[answer.answer]}') via "
+                   f"{answer.source}; correct was {case.answer} ('{gold_text}').")
+        guideline = f"When a case presents with {', '.join(terms[:6])}, the answer is '{gold_text}'."
+        new_text = rule_text(terms, gold_text)
+        edits: list[RuleEditProposal] = []
+        followed = next((r for r in memory.rules if f"rule:{r.rule_id}" == answer.source), None)
+        if followed is not None and not feedback.correct:
+            overlap = trigger_overlap(followed.trigger, content_tokens(case.question))
+            if overlap >= self.edit_overlap:
+                edits.append(RuleEditProposal(op="edit", rule_id=followed.rule_id, text=new_text, trigger=terms,
+                                              reason="rule matched this presentation but named the wrong option"))
+            else:
+                if followed.priority == 2:
+                    edits.append(RuleEditProposal(op="retire", rule_id=followed.rule_id,
+                                                  reason="misled on a case it only partly matched, already lowest priority"))
+                else:
+                    edits.append(RuleEditProposal(op="reprioritise", rule_id=followed.rule_id,
+                                                  priority=demoted(followed.priority),
+                                                  reason="misled on a case it only partly matched"))
+                edits.append(RuleEditProposal(op="add", text=new_text, trigger=terms, priority=0,
+                                              reason="corrective rule after a wrong answer"))
+        elif followed is None:
+            edits.append(RuleEditProposal(op="add", text=new_text, trigger=terms,
+                                          priority=1 if feedback.correct else 0,
+                                          reason="consolidate a correct answer" if feedback.correct
+                                          else "corrective rule after a wrong answer"))
+        return ReflectionRecorded(summary=summary, guideline=guideline, edits=edits)

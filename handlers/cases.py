@@ -1,0 +1,115 @@
+"""Cases: the JSONL input contract, validated line by line with errors that name file, line and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from store.canonical import sha256_hex
+
+
+class CaseView(BaseModel):
+    """What the acting agent may see of a case: everything but the gold answer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    case_id: str
+    kind: Literal["mcq"]
+    question: str
+    options: dict[str, str]
+    category: str
+    tools: list[str]
+
+
+class Case(BaseModel):
+    """One case of the stream. `answer` is the gold option letter, shown to feedback only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    case_id: str = Field(min_length=1)
+    kind: Literal["mcq"]
+    question: str = Field(min_length=1)
+    options: dict[str, str]
+    answer: str
+    category: str = Field(default="general", min_length=1)
+    tools: list[str] = Field(default_factory=list)
+    """Names of simulated tools this case may use; empty means every tool the run offers."""
+
+    @field_validator("options")
+    @classmethod
+    def _letters(cls, options: dict[str, str]) -> dict[str, str]:
+        if len(options) < 2:
+            raise ValueError("needs at least two options")
+        for letter, text in options.items():
+            if len(letter) != 1 or not letter.isalpha() or not letter.isupper():
+                raise ValueError(f"option key {letter!r} is not a single capital letter")
+            if not text.strip():
+                raise ValueError(f"option {letter} is empty")
+        return dict(sorted(options.items()))
+
+    @model_validator(mode="after")
+    def _answer_is_an_option(self) -> "Case":
+        if self.answer not in self.options:
+            raise ValueError(f"answer {self.answer!r} is not one of the options {sorted(self.options)}")
+        return self
+
+    def view(self) -> CaseView:
+        return CaseView(case_id=self.case_id, kind=self.kind, question=self.question,
+                        options=self.options, category=self.category, tools=self.tools)
+
+
+class CaseFileError(ValueError):
+    """Bad input: names the file, the 1-based line and the offending field."""
+
+    def __init__(self, path: str, line: int | None, field: str | None, message: str):
+        self.path, self.line, self.field, self.message = path, line, field, message
+        where = path if line is None else f"{path}:{line}"
+        super().__init__(f"{where}: {'field ' + repr(field) + ': ' if field else ''}{message}")
+
+
+def _field_of(err: dict) -> str:
+    loc = [str(p) for p in err.get("loc", ())]
+    return ".".join(loc) if loc else "(line)"
+
+
+def parse_cases(lines: list[str], path: str) -> list[Case]:
+    cases: list[Case] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise CaseFileError(path, number, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(data, dict):
+            raise CaseFileError(path, number, None, "a case must be a JSON object")
+        try:
+            case = Case.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            msg = err["msg"].removeprefix("Value error, ")
+            raise CaseFileError(path, number, _field_of(err), msg) from None
+        if case.case_id in seen:
+            raise CaseFileError(path, number, "case_id",
+                                f"duplicate case_id {case.case_id!r} (first on line {seen[case.case_id]})")
+        seen[case.case_id] = number
+        cases.append(case)
+    if not cases:
+        raise CaseFileError(path, None, None, "no cases in file")
+    return cases
+
+
+def load_cases(path: str | Path) -> tuple[list[Case], str]:
+    """All cases of a JSONL file, validated before anything runs, and the file's sha256."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CaseFileError(str(path), None, None, "file not found") from None
+    except UnicodeDecodeError as exc:
+        raise CaseFileError(str(path), None, None, f"not UTF-8 text ({exc.reason})") from None
+    return parse_cases(text.splitlines(), str(path)), sha256_hex(text)

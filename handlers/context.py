@@ -1,0 +1,61 @@
+"""What a stage needs to run: the run's policy, backbone, live projection and event writer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.backbones.base import Backbone
+from handlers.policies.config import PolicyConfig
+from store.eventstore import ConsumedOffset, EventStore
+from store.events import EventPayload, NewEvent, StoredEvent
+from store.projection import MemoryProjection
+
+
+class EventWriter:
+    """Buffers a stage's events, applying each to the live projection as it is emitted.
+
+    Seqs are assigned at emit time (they are gapless and known in advance), so an event can
+    name an earlier one of the same batch as its cause. `flush` appends the buffer as one
+    transaction; a conflict there means the projection is ahead of the log and the caller
+    must reopen it.
+    """
+
+    def __init__(self, store: EventStore, run_id: str, projection: MemoryProjection):
+        self.store = store
+        self.run_id = run_id
+        self.projection = projection
+        self.committed_seq = projection.seq
+        self.pending: list[NewEvent] = []
+
+    @property
+    def next_seq(self) -> int:
+        return self.committed_seq + len(self.pending) + 1
+
+    def emit(self, payload: EventPayload, case_id: str | None = None, causation_seq: int | None = None,
+             meta: dict[str, Any] | None = None) -> int:
+        seq = self.next_seq
+        self.pending.append(NewEvent(payload, case_id, causation_seq, meta or {}))
+        self.projection.apply(seq, payload)
+        return seq
+
+    def flush(self, consumed: ConsumedOffset | None = None) -> list[StoredEvent]:
+        if not self.pending and consumed is None:
+            return []
+        stored = self.store.append(self.run_id, self.pending, self.committed_seq, consumed=consumed)
+        self.pending = []
+        if stored:
+            self.committed_seq = stored[-1].seq
+            self.projection.last_chain = stored[-1].chain
+        return stored
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    policy: PolicyConfig
+    backbone: Backbone
+    projection: MemoryProjection
+    writer: EventWriter
+    seed: int
+    tools: dict[str, float] = field(default_factory=dict)

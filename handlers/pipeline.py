@@ -1,0 +1,85 @@
+"""The five stages chained for one case, resumable at stage granularity.
+
+Each stage's result is also the payload of its event, so a case interrupted after some
+stages resumes from the log: the outputs already recorded are read back, and only the
+missing stages run. Transports (embedded, Kafka) decide when to flush a stage's events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from handlers.act import act
+from handlers.cases import Case
+from handlers.context import RunContext
+from handlers.feedback import feedback
+from handlers.govern import govern
+from handlers.reflect import reflect
+from handlers.retrieve import retrieve
+from handlers.tools import ToolBox
+from store.event_types import AnswerGiven, CaseCompleted, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
+from store.eventstore import EventStore
+
+STAGES = ("retrieve", "act", "feedback", "reflect", "govern")
+
+
+@dataclass
+class CaseProgress:
+    memory: MemoryRetrieved | None = None
+    answer: AnswerGiven | None = None
+    feedback: FeedbackRecorded | None = None
+    reflection: ReflectionRecorded | None = None
+    completed: CaseCompleted | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.memory is not None
+
+
+def case_progress(store: EventStore, run_id: str, case_id: str, after_seq: int = -1) -> CaseProgress:
+    """What the log already holds for a case (stage outputs), from its events."""
+    p = CaseProgress()
+    for e in store.iter(run_id, after_seq=after_seq, case_id=case_id):
+        payload = e.decode()
+        if isinstance(payload, MemoryRetrieved):
+            p.memory = payload
+        elif isinstance(payload, AnswerGiven):
+            p.answer = payload
+        elif isinstance(payload, FeedbackRecorded):
+            p.feedback = payload
+        elif isinstance(payload, ReflectionRecorded):
+            p.reflection = payload
+        elif isinstance(payload, CaseCompleted):
+            p.completed = payload
+    return p
+
+
+StageDone = Callable[[str], Awaitable[None]]
+
+
+async def _noop(stage: str) -> None:
+    return None
+
+
+async def process_case(ctx: RunContext, case: Case, index: int, progress: CaseProgress | None = None,
+                       on_stage: StageDone = _noop) -> CaseCompleted:
+    p = progress or CaseProgress()
+    if p.completed is not None:
+        return p.completed
+    if p.memory is None:
+        p.memory = await retrieve(ctx, case, index)
+        await on_stage("retrieve")
+    if p.answer is None:
+        toolbox = ToolBox(case, ctx.tools, ctx.seed)  # built from the full case: the environment's side
+        p.answer = await act(ctx, case.view(), p.memory, toolbox)
+        await on_stage("act")
+    if p.feedback is None:
+        p.feedback = await feedback(ctx, case, p.memory, p.answer)
+        await on_stage("feedback")
+    if p.reflection is None:
+        p.reflection = await reflect(ctx, case, p.memory, p.answer, p.feedback)
+        await on_stage("reflect")
+    p.completed = await govern(ctx, case, index, p.feedback)
+    await on_stage("govern")
+    return p.completed

@@ -1,0 +1,1 @@
+"""Memory policies: their configuration and the mechanisms of each seed paper."""

@@ -1,0 +1,20 @@
+"""Seeded randomness: one generator per (run seed, case, purpose), never global state.
+
+PCG64 from explicit integer seeds gives the same stream on every machine, so anything
+random in a payload is reproducible from the run's seed and the case's identity, and
+independent of the order cases arrive in.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from store.canonical import sha256_hex
+
+
+def _word(text: str) -> int:
+    return int(sha256_hex(text)[:15], 16)
+
+
+def case_rng(seed: int, case_id: str, purpose: str) -> np.random.Generator:
+    return np.random.default_rng([seed & 0xFFFFFFFF, _word(case_id), _word(purpose)])

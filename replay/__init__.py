@@ -1,0 +1,1 @@
+"""Re-execution, order-permutation replays, determinism verification, metrics, reports, audit."""

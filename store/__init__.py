@@ -1,0 +1,1 @@
+"""Event store (DuckDB), event types and upcasters, projections, embeddings and snapshots."""

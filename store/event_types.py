@@ -1,0 +1,233 @@
+"""The domain events of a run. Each class is one event type; its fields are the payload.
+
+Payloads hold only what state depends on and never the run id, so two runs given the same
+inputs have the same fingerprint whatever they are called. Scores are rounded to 6 decimals
+so tiny floating-point differences between CPUs do not change bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from store.events import EventPayload, event, upcaster
+
+Priority = Literal[0, 1, 2]
+ToolLabel = Literal["Trusted", "Caution", "Avoid"]
+ToolOutcomeKind = Literal["helpful", "harmful", "misuse", "neutral"]
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- run and case intake -------------------------------------------------------------
+
+
+@event("run.started")
+class RunStarted(EventPayload):
+    policy_name: str
+    policy: dict[str, Any]
+    backbone: str
+    model: str | None = None
+    seed: int
+    lag: int = 0
+    embedder: str
+    tools: dict[str, float] = Field(default_factory=dict)
+    """Simulated tools offered by the environment, name -> reliability (sim backbone only)."""
+    source: str | None = None
+    """sha256 of the case file (or the parent run's case log) this run was started from."""
+
+
+@event("case.received")
+class CaseReceived(EventPayload):
+    index: int
+    """Position of the case in this run's stream, from 0."""
+    case: dict[str, Any]
+    """The whole validated case, gold answer included: feedback needs it, act never sees it."""
+
+
+# --- retrieve ----------------------------------------------------------------------------
+
+
+class RetrievedRule(_Part):
+    rule_id: str
+    text: str
+    trigger: list[str]
+    priority: Priority
+    relevance: float
+    utility: float
+    score: float
+
+
+class RetrievedEpisode(_Part):
+    episode_id: str
+    source_case_id: str
+    summary: str
+    guideline: str
+    trigger: list[str]
+    relevance: float
+
+
+class ToolGuidance(_Part):
+    tool: str
+    label: ToolLabel
+
+
+@event("memory.retrieved")
+class MemoryRetrieved(EventPayload):
+    memory_seq: int
+    """Seq of the last event folded into the memory this retrieval read (its version)."""
+    rules: list[RetrievedRule] = Field(default_factory=list)
+    episodes: list[RetrievedEpisode] = Field(default_factory=list)
+    tool_guidance: list[ToolGuidance] = Field(default_factory=list)
+    prefix: str = ""
+    """The context prefix shown to the agent: protocol, governance, rules, episodes."""
+
+
+# --- act -----------------------------------------------------------------------------------
+
+
+class AgentStep(_Part):
+    kind: Literal["reasoning", "tool", "observation", "response"]
+    content: str
+
+
+class ToolCall(_Part):
+    tool: str
+    label: ToolLabel
+    output: str | None
+    """The option letter the tool pointed to, or None when it returned nothing usable."""
+    adopted: bool
+
+
+@event("answer.given")
+class AnswerGiven(EventPayload):
+    answer: str
+    source: str
+    """What decided the answer: `rule:<id>`, `episode:<id>`, `tool:<name>` or `lexical`."""
+    steps: list[AgentStep] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+# --- feedback ------------------------------------------------------------------------------
+
+
+class RuleOutcome(_Part):
+    rule_id: str
+    helpful: bool
+
+
+class ToolOutcome(_Part):
+    tool: str
+    outcome: ToolOutcomeKind
+
+
+@event("feedback.recorded", version=2)
+class FeedbackRecorded(EventPayload):
+    answer: str
+    gold: str
+    correct: bool
+    rule_outcomes: list[RuleOutcome] = Field(default_factory=list)
+    tool_outcomes: list[ToolOutcome] = Field(default_factory=list)
+
+
+@upcaster("feedback.recorded", from_version=1)
+def _feedback_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    # v1 recorded tool outcomes as two booleans; v2 names the outcome, adding `misuse`
+    # and `neutral`, which v1 could not express (a v1 outcome with neither flag was neutral).
+    out = dict(payload)
+    converted = []
+    for item in payload.get("tool_outcomes", []):
+        kind = "helpful" if item.get("helpful") else "harmful" if item.get("harmful") else "neutral"
+        converted.append({"tool": item["tool"], "outcome": kind})
+    out["tool_outcomes"] = converted
+    return out
+
+
+# --- reflect -------------------------------------------------------------------------------
+
+
+class RuleEditProposal(_Part):
+    op: Literal["add", "edit", "reprioritise", "retire"]
+    rule_id: str | None = None
+    text: str | None = None
+    trigger: list[str] | None = None
+    priority: Priority | None = None
+    reason: str = ""
+
+
+@event("reflection.recorded")
+class ReflectionRecorded(EventPayload):
+    summary: str
+    guideline: str
+    edits: list[RuleEditProposal] = Field(default_factory=list)
+
+
+@event("episode.stored")
+class EpisodeStored(EventPayload):
+    episode_id: str
+    case_id: str
+    descriptor: str
+    trace: list[str]
+    answer: str
+    gold: str
+    correct: bool
+    summary: str
+    guideline: str
+    trigger: list[str]
+
+
+@event("rule.added")
+class RuleAdded(EventPayload):
+    rule_id: str
+    text: str
+    trigger: list[str]
+    priority: Priority
+    source_case_id: str
+
+
+@event("rule.edited")
+class RuleEdited(EventPayload):
+    rule_id: str
+    text: str
+    trigger: list[str]
+    source_case_id: str
+    reason: str = ""
+
+
+@event("rule.priority_changed")
+class RulePriorityChanged(EventPayload):
+    rule_id: str
+    old: Priority
+    new: Priority
+    source_case_id: str
+    reason: str = ""
+
+
+@event("rule.retired")
+class RuleRetired(EventPayload):
+    rule_id: str
+    source_case_id: str
+    reason: str = ""
+
+
+# --- govern --------------------------------------------------------------------------------
+
+
+@event("tool.label_changed")
+class ToolLabelChanged(EventPayload):
+    tool: str
+    old: ToolLabel
+    new: ToolLabel
+    n: int
+    helpful: int
+    harmful: int
+    misuse: int
+
+
+@event("case.completed")
+class CaseCompleted(EventPayload):
+    index: int
+    correct: bool

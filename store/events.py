@@ -1,0 +1,116 @@
+"""Event envelopes, the payload registry and the upcaster path.
+
+A domain event is a pydantic payload model registered under a dotted type name with a
+`schema_version`. The store persists `payload` (state) apart from `meta` (wall clock,
+latency, host: never read when folding state). Old payload versions are upcast on read,
+one version step at a time, so stored bytes are never rewritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+
+class EventPayload(BaseModel):
+    """Base class of every event payload. Subclasses set `event_type` and `schema_version`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_type: ClassVar[str]
+    schema_version: ClassVar[int] = 1
+
+
+_REGISTRY: dict[str, type[EventPayload]] = {}
+_UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+P = TypeVar("P", bound=type[EventPayload])
+
+
+def event(type_name: str, version: int = 1) -> Callable[[P], P]:
+    """Class decorator registering a payload model under `type_name` at `version`."""
+
+    def register(cls: P) -> P:
+        if type_name in _REGISTRY and _REGISTRY[type_name] is not cls:
+            raise ValueError(f"event type {type_name!r} registered twice")
+        cls.event_type = type_name
+        cls.schema_version = version
+        _REGISTRY[type_name] = cls
+        return cls
+
+    return register
+
+
+def upcaster(type_name: str, from_version: int) -> Callable[[Callable], Callable]:
+    """Register a function turning a `from_version` payload dict into `from_version + 1`."""
+
+    def register(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable:
+        _UPCASTERS[(type_name, from_version)] = fn
+        return fn
+
+    return register
+
+
+class UnknownEventType(LookupError):
+    pass
+
+
+def payload_class(type_name: str) -> type[EventPayload]:
+    try:
+        return _REGISTRY[type_name]
+    except KeyError:
+        raise UnknownEventType(f"unknown event type {type_name!r}") from None
+
+
+def upcast(type_name: str, version: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """Bring a stored payload dict up to the registered version of its type."""
+    target = payload_class(type_name).schema_version
+    if version > target:
+        raise ValueError(f"{type_name} v{version} is newer than this code (v{target}); upgrade grandrounds")
+    while version < target:
+        try:
+            step = _UPCASTERS[(type_name, version)]
+        except KeyError:
+            raise ValueError(f"no upcaster for {type_name} v{version} -> v{version + 1}") from None
+        payload = step(payload)
+        version += 1
+    return payload
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event about to be appended; the store assigns `seq`."""
+
+    payload: EventPayload
+    case_id: str | None = None
+    causation_seq: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def type(self) -> str:
+        return self.payload.event_type
+
+    def payload_dict(self) -> dict[str, Any]:
+        return self.payload.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """An event as read back from the log: raw stored payload plus its envelope."""
+
+    run_id: str
+    seq: int
+    type: str
+    schema_version: int
+    case_id: str | None
+    causation_seq: int | None
+    payload: dict[str, Any]
+    meta: dict[str, Any]
+    chain: str
+
+    def decode(self) -> EventPayload:
+        """The payload as its current typed model (upcast when stored at an older version)."""
+        data = upcast(self.type, self.schema_version, self.payload)
+        return payload_class(self.type).model_validate(data)

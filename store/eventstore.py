@@ -1,0 +1,384 @@
+"""The append-only event log on DuckDB.
+
+One row per event, `(run_id, seq)` primary key, seq gapless per run from 0. The API has
+appends and reads only: no update, no delete. A stage's events go in as one transaction
+and one multi-row INSERT over lists (single-row inserts run at ~1k rows/s here, one
+batched INSERT at ~80k+, and `executemany` is not atomic). Writers use optimistic
+concurrency: they state the last seq they saw and lose with `ConcurrencyConflict` if
+another writer got there first.
+
+Each event also carries `chain`, a sha256 linking it to its predecessor, so an edit made
+to the file behind the API's back is detectable (`verify_chain`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import duckdb
+
+from store.canonical import canonical_json, sha256_hex
+from store.events import NewEvent, StoredEvent
+
+GENESIS = sha256_hex("grandrounds/event-chain/v1")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    run_id         VARCHAR NOT NULL,
+    seq            BIGINT  NOT NULL,
+    type           VARCHAR NOT NULL,
+    schema_version INTEGER NOT NULL,
+    case_id        VARCHAR,
+    causation_seq  BIGINT,
+    payload        JSON    NOT NULL,
+    meta           JSON    NOT NULL,
+    chain          VARCHAR NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS consumer_offsets (
+    group_id    VARCHAR NOT NULL,
+    topic       VARCHAR NOT NULL,
+    partition   INTEGER NOT NULL,
+    next_offset BIGINT  NOT NULL,
+    PRIMARY KEY (group_id, topic, partition)
+);
+"""
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+class ConcurrencyConflict(StoreError):
+    """Another writer appended to the run after the seq this writer based its events on."""
+
+
+class StoreBusy(StoreError):
+    """The DuckDB file is held by another process (DuckDB allows one writing process)."""
+
+
+@dataclass(frozen=True)
+class ConsumedOffset:
+    """A Kafka position consumed by the stage whose events are appended with it."""
+
+    group_id: str
+    topic: str
+    partition: int
+    next_offset: int
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    events: int
+    last_seq: int
+
+
+def event_line(seq: int, type_: str, payload_json: str) -> str:
+    """Canonical JSON of (seq, type, payload): the unit a run's fingerprint is computed over."""
+    return f"[{seq},{json.dumps(type_, ensure_ascii=False)},{payload_json}]"
+
+
+def _chain_link(prev: str, seq: int, type_: str, version: int, case_id, causation, payload_json: str) -> str:
+    body = canonical_json([seq, type_, version, case_id, causation])
+    return sha256_hex(f"{prev}\n{body}\n{payload_json}")
+
+
+class EventStore:
+    """Append-only run logs in one DuckDB file (":memory:" for a throwaway store)."""
+
+    def __init__(self, path: str | Path = ":memory:", read_only: bool = False):
+        self.path = str(path)
+        try:
+            self._root = duckdb.connect(self.path, read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                raise StoreBusy(
+                    f"{self.path} is in use by another process; DuckDB allows one writer per file "
+                    "(stop that process, or give this one its own --db)"
+                ) from exc
+            raise StoreError(f"cannot open {self.path}: {exc}") from exc
+        if not read_only:
+            self._root.execute(SCHEMA)
+        self._local = threading.local()
+        # run_id -> (last seq, chain at last seq) as this process last wrote or read it.
+        self._heads: dict[str, tuple[int, str]] = {}
+        self._heads_lock = threading.Lock()
+
+    # --- connections -------------------------------------------------------------------
+
+    @property
+    def conn(self) -> duckdb.DuckDBPyConnection:
+        """A connection for the calling thread (DuckDB connections are not thread-safe)."""
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            c = self._root.cursor()
+            self._local.conn = c
+        return c
+
+    def close(self) -> None:
+        self._root.close()
+
+    def __enter__(self) -> "EventStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- writing -----------------------------------------------------------------------
+
+    def head(self, run_id: str) -> tuple[int, str]:
+        """(last seq, its chain hash) of a run; (-1, GENESIS) when the run has no events."""
+        row = self.conn.execute(
+            "SELECT seq, chain FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", [run_id]
+        ).fetchone()
+        head = (int(row[0]), row[1]) if row else (-1, GENESIS)
+        with self._heads_lock:
+            self._heads[run_id] = head
+        return head
+
+    def last_seq(self, run_id: str) -> int:
+        return self.head(run_id)[0]
+
+    def append(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        expected_seq: int,
+        consumed: ConsumedOffset | None = None,
+    ) -> list[StoredEvent]:
+        """Append `events` after `expected_seq` (the last seq the writer saw; -1 for a new run).
+
+        All or nothing: one transaction, one INSERT. With `consumed`, the Kafka position is
+        stored in the same transaction, so an event batch and its offset never part ways.
+        """
+        if not events and consumed is None:
+            return []
+        with self._heads_lock:
+            cached = self._heads.get(run_id)
+        conn = self.conn
+        conn.execute("BEGIN TRANSACTION")
+        try:
+            if cached is None or cached[0] != expected_seq:
+                row = conn.execute(
+                    "SELECT seq, chain FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", [run_id]
+                ).fetchone()
+                cached = (int(row[0]), row[1]) if row else (-1, GENESIS)
+            if cached[0] != expected_seq:
+                raise ConcurrencyConflict(
+                    f"run {run_id!r}: expected last seq {expected_seq}, the log is at {cached[0]}; "
+                    "another writer appended first — reload and retry"
+                )
+            stored = self._build_rows(run_id, events, cached)
+            if stored:
+                cols = list(zip(*[
+                    (e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
+                     canonical_json(e.payload), canonical_json(e.meta), e.chain)
+                    for e in stored
+                ]))
+                conn.execute(
+                    "INSERT INTO events SELECT * FROM (SELECT "
+                    "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
+                    "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::JSON[]), unnest(?::JSON[]), "
+                    "unnest(?::VARCHAR[]))",
+                    [list(c) for c in cols],
+                )
+            if consumed is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO consumer_offsets VALUES (?, ?, ?, ?)",
+                    [consumed.group_id, consumed.topic, consumed.partition, consumed.next_offset],
+                )
+            conn.execute("COMMIT")
+        except ConcurrencyConflict:
+            conn.execute("ROLLBACK")
+            raise
+        except (duckdb.ConstraintException, duckdb.TransactionException) as exc:
+            self._rollback_quietly(conn)
+            with self._heads_lock:
+                self._heads.pop(run_id, None)
+            raise ConcurrencyConflict(
+                f"run {run_id!r}: another writer appended seq {expected_seq + 1} concurrently ({exc})"
+            ) from exc
+        except BaseException:
+            self._rollback_quietly(conn)
+            with self._heads_lock:
+                self._heads.pop(run_id, None)
+            raise
+        if stored:
+            with self._heads_lock:
+                self._heads[run_id] = (stored[-1].seq, stored[-1].chain)
+        return stored
+
+    @staticmethod
+    def _rollback_quietly(conn) -> None:
+        try:
+            conn.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # DuckDB already aborted the transaction
+
+    @staticmethod
+    def _build_rows(run_id: str, events: Sequence[NewEvent], head: tuple[int, str]) -> list[StoredEvent]:
+        seq, chain = head
+        out = []
+        for ev in events:
+            seq += 1
+            payload = ev.payload_dict()
+            payload_json = canonical_json(payload)
+            version = ev.payload.schema_version
+            chain = _chain_link(chain, seq, ev.type, version, ev.case_id, ev.causation_seq, payload_json)
+            out.append(StoredEvent(run_id, seq, ev.type, version, ev.case_id, ev.causation_seq,
+                                   payload, dict(ev.meta), chain))
+        return out
+
+    def import_events(self, events: Sequence[StoredEvent]) -> None:
+        """Copy already-sequenced events of one run (from another store or a changelog) verbatim.
+
+        Seqs must continue the run's log exactly; chain hashes are re-checked, so a copy
+        cannot smuggle in altered payloads.
+        """
+        if not events:
+            return
+        run_id = events[0].run_id
+        head = self.head(run_id)
+        seq, chain = head
+        for ev in events:
+            if ev.run_id != run_id or ev.seq != seq + 1:
+                raise StoreError(f"import of {run_id!r} is not contiguous at seq {ev.seq} (log at {seq})")
+            chain = _chain_link(chain, ev.seq, ev.type, ev.schema_version, ev.case_id, ev.causation_seq,
+                                canonical_json(ev.payload))
+            if chain != ev.chain:
+                raise StoreError(f"import of {run_id!r}: chain hash mismatch at seq {ev.seq}")
+            seq = ev.seq
+        conn = self.conn
+        conn.execute("BEGIN TRANSACTION")
+        try:
+            cols = list(zip(*[
+                (e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
+                 canonical_json(e.payload), canonical_json(e.meta), e.chain) for e in events
+            ]))
+            conn.execute(
+                "INSERT INTO events SELECT * FROM (SELECT "
+                "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
+                "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::JSON[]), unnest(?::JSON[]), "
+                "unnest(?::VARCHAR[]))",
+                [list(c) for c in cols],
+            )
+            conn.execute("COMMIT")
+        except (duckdb.ConstraintException, duckdb.TransactionException) as exc:
+            self._rollback_quietly(conn)
+            raise ConcurrencyConflict(f"run {run_id!r}: concurrent import ({exc})") from exc
+        except BaseException:
+            self._rollback_quietly(conn)
+            raise
+        with self._heads_lock:
+            self._heads[run_id] = (events[-1].seq, events[-1].chain)
+
+    # --- reading -----------------------------------------------------------------------
+
+    _COLUMNS = "run_id, seq, type, schema_version, case_id, causation_seq, payload, meta, chain"
+
+    def read(
+        self,
+        run_id: str,
+        after_seq: int = -1,
+        upto_seq: int | None = None,
+        types: Sequence[str] | None = None,
+        case_id: str | None = None,
+    ) -> list[StoredEvent]:
+        return list(self.iter(run_id, after_seq, upto_seq, types, case_id))
+
+    def iter(
+        self,
+        run_id: str,
+        after_seq: int = -1,
+        upto_seq: int | None = None,
+        types: Sequence[str] | None = None,
+        case_id: str | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[StoredEvent]:
+        sql = f"SELECT {self._COLUMNS} FROM events WHERE run_id = ? AND seq > ?"
+        params: list = [run_id, after_seq]
+        if upto_seq is not None:
+            sql += " AND seq <= ?"
+            params.append(upto_seq)
+        if types:
+            sql += " AND type IN (SELECT unnest(?::VARCHAR[]))"
+            params.append(list(types))
+        if case_id is not None:
+            sql += " AND case_id = ?"
+            params.append(case_id)
+        sql += " ORDER BY seq"
+        cur = self._root.cursor()  # own cursor: the caller may write while iterating
+        try:
+            cur.execute(sql, params)
+            while rows := cur.fetchmany(batch):
+                for r in rows:
+                    yield StoredEvent(r[0], int(r[1]), r[2], int(r[3]), r[4],
+                                      None if r[5] is None else int(r[5]),
+                                      json.loads(r[6]), json.loads(r[7]), r[8])
+        finally:
+            cur.close()
+
+    def runs(self) -> list[RunInfo]:
+        rows = self.conn.execute(
+            "SELECT run_id, count(*), max(seq) FROM events GROUP BY run_id ORDER BY run_id"
+        ).fetchall()
+        return [RunInfo(r[0], int(r[1]), int(r[2])) for r in rows]
+
+    def has_run(self, run_id: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM events WHERE run_id = ? LIMIT 1", [run_id]).fetchone() is not None
+
+    def fingerprint(self, run_id: str, upto_seq: int | None = None) -> str:
+        """sha256 over the canonical JSON of (seq, type, payload) of the run's events; meta excluded."""
+        sql = "SELECT seq, type, payload FROM events WHERE run_id = ?"
+        params: list = [run_id]
+        if upto_seq is not None:
+            sql += " AND seq <= ?"
+            params.append(upto_seq)
+        import hashlib
+
+        h = hashlib.sha256()
+        cur = self._root.cursor()
+        try:
+            cur.execute(sql + " ORDER BY seq", params)
+            while rows := cur.fetchmany(10_000):
+                for seq, type_, payload in rows:
+                    h.update(event_line(int(seq), type_, payload).encode("utf-8"))
+                    h.update(b"\n")
+        finally:
+            cur.close()
+        return h.hexdigest()
+
+    def verify_chain(self, run_id: str) -> int | None:
+        """First seq whose stored chain hash does not follow from its content, or None if intact."""
+        chain = GENESIS
+        cur = self._root.cursor()
+        try:
+            cur.execute(
+                "SELECT seq, type, schema_version, case_id, causation_seq, payload, chain "
+                "FROM events WHERE run_id = ? ORDER BY seq", [run_id]
+            )
+            expected_seq = 0
+            while rows := cur.fetchmany(10_000):
+                for seq, type_, version, case_id, causation, payload, stored in rows:
+                    if int(seq) != expected_seq:
+                        return expected_seq
+                    payload_json = canonical_json(json.loads(payload))
+                    chain = _chain_link(chain, int(seq), type_, int(version), case_id,
+                                        None if causation is None else int(causation), payload_json)
+                    if chain != stored:
+                        return int(seq)
+                    expected_seq += 1
+        finally:
+            cur.close()
+        return None
+
+    def consumer_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
+        rows = self.conn.execute(
+            "SELECT topic, partition, next_offset FROM consumer_offsets WHERE group_id = ?", [group_id]
+        ).fetchall()
+        return {(r[0], int(r[1])): int(r[2]) for r in rows}

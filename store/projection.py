@@ -1,0 +1,139 @@
+"""The memory projection: state fold + HNSW indexes, kept live, checkpointed, rebuildable.
+
+The live path applies each stage's events as they are appended; `rebuild` folds the whole
+log. Both go through `apply`, so they cannot drift apart. A checkpoint is the pickled
+projection together with the seq and chain hash it reflects: on open, a checkpoint whose
+hash no longer matches the log at that seq (or written by another projection version) is
+dropped and the projection rebuilt; one that is merely behind is caught up.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+import numpy as np
+
+from store import event_types as ev
+from store.embeddings import EmbeddingCache
+from store.eventstore import EventStore
+from store.events import EventPayload, StoredEvent
+from store.memory_state import MemoryState
+from store.vector_index import VectorIndex
+
+PROJECTION_VERSION = 1
+CHECKPOINT_NAME = "memory"
+
+CHECKPOINT_SCHEMA = """CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id VARCHAR NOT NULL, name VARCHAR NOT NULL, seq BIGINT NOT NULL, chain VARCHAR NOT NULL,
+    version INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (run_id, name))"""
+
+
+class MemoryProjection:
+    def __init__(self, dim: int, exact_limit: int = 4096):
+        self.state = MemoryState()
+        self.rule_index = VectorIndex(dim, exact_limit=exact_limit)
+        self.episode_index = VectorIndex(dim, exact_limit=exact_limit)
+        self.rule_labels: dict[str, int] = {}
+        self.rule_by_label: dict[int, str] = {}
+        self.episode_by_label: dict[int, str] = {}
+        self.last_chain: str | None = None
+        self._cache: EmbeddingCache | None = None  # not pickled
+
+    def bind(self, cache: EmbeddingCache) -> "MemoryProjection":
+        self._cache = cache
+        return self
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_cache"] = None
+        return d
+
+    @property
+    def seq(self) -> int:
+        return self.state.last_seq
+
+    def embed(self, text: str) -> np.ndarray:
+        assert self._cache is not None, "projection not bound to an embedding cache"
+        return self._cache.get(text)
+
+    def apply_stored(self, events: list[StoredEvent]) -> None:
+        for e in events:
+            self.apply(e.seq, e.decode())
+            self.last_chain = e.chain
+
+    def apply(self, seq: int, payload: EventPayload) -> None:
+        self.state.apply(seq, payload)
+        # Index maintenance after the state change, from the same event.
+        if isinstance(payload, ev.RuleAdded):
+            self._index_rule(payload.rule_id, payload.text)
+        elif isinstance(payload, ev.RuleEdited):
+            self.rule_index.remove(self.rule_labels.pop(payload.rule_id))
+            self._index_rule(payload.rule_id, payload.text)
+        elif isinstance(payload, ev.RuleRetired):
+            label = self.rule_labels.pop(payload.rule_id, None)
+            if label is not None:
+                self.rule_index.remove(label)
+        elif isinstance(payload, ev.EpisodeStored):
+            label = self.episode_index.add(self.embed(payload.descriptor))
+            self.episode_by_label[label] = payload.episode_id
+
+    def _index_rule(self, rule_id: str, text: str) -> None:
+        label = self.rule_index.add(self.embed(text))
+        self.rule_labels[rule_id] = label
+        self.rule_by_label[label] = rule_id
+
+
+@dataclass(frozen=True)
+class OpenedProjection:
+    projection: MemoryProjection
+    how: str  # "checkpoint", "checkpoint+catch-up", "rebuild: <reason>", "new"
+
+
+def rebuild(store: EventStore, run_id: str, cache: EmbeddingCache, upto_seq: int | None = None,
+            exact_limit: int = 4096) -> MemoryProjection:
+    proj = MemoryProjection(cache.embedder.dim, exact_limit=exact_limit).bind(cache)
+    for e in store.iter(run_id, upto_seq=upto_seq):
+        proj.apply(e.seq, e.decode())
+        proj.last_chain = e.chain
+    return proj
+
+
+def save_checkpoint(store: EventStore, run_id: str, proj: MemoryProjection) -> None:
+    if proj.seq < 0 or proj.last_chain is None:
+        return
+    store.conn.execute(CHECKPOINT_SCHEMA)
+    blob = pickle.dumps(proj, protocol=pickle.HIGHEST_PROTOCOL)
+    store.conn.execute(
+        "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?)",
+        [run_id, CHECKPOINT_NAME, proj.seq, proj.last_chain, PROJECTION_VERSION, blob],
+    )
+
+
+def open_projection(store: EventStore, run_id: str, cache: EmbeddingCache,
+                    exact_limit: int = 4096) -> OpenedProjection:
+    """The run's projection at the head of its log: from a checkpoint when it is valid."""
+    head_seq, _ = store.head(run_id)
+    if head_seq < 0:
+        return OpenedProjection(MemoryProjection(cache.embedder.dim, exact_limit).bind(cache), "new")
+    store.conn.execute(CHECKPOINT_SCHEMA)
+    row = store.conn.execute(
+        "SELECT seq, chain, version, data FROM checkpoints WHERE run_id = ? AND name = ?",
+        [run_id, CHECKPOINT_NAME],
+    ).fetchone()
+    reason = "no checkpoint"
+    if row is not None:
+        seq, chain, version, data = int(row[0]), row[1], int(row[2]), row[3]
+        at = store.conn.execute("SELECT chain FROM events WHERE run_id = ? AND seq = ?", [run_id, seq]).fetchone()
+        if version != PROJECTION_VERSION:
+            reason = f"checkpoint written by projection v{version}, this is v{PROJECTION_VERSION}"
+        elif at is None or at[0] != chain:
+            reason = f"checkpoint at seq {seq} does not match the log"
+        else:
+            proj: MemoryProjection = pickle.loads(data)
+            proj.bind(cache)
+            if seq == head_seq:
+                return OpenedProjection(proj, "checkpoint")
+            proj.apply_stored(store.read(run_id, after_seq=seq))
+            return OpenedProjection(proj, "checkpoint+catch-up")
+    return OpenedProjection(rebuild(store, run_id, cache, exact_limit=exact_limit), f"rebuild: {reason}")

@@ -1,0 +1,112 @@
+"""A deterministic cosine index over memory items: hnswlib above a size, exact below it.
+
+Search results must be a pure function of the projection (DESIGN §3). So: items get
+labels in insertion (event) order, the HNSW graph is built and extended single-threaded
+with a fixed seed, candidates are always re-scored exactly against the stored vectors,
+and ties are broken by label. Below `exact_limit` live items an exact matrix product is
+both faster and exact, so the graph is only built once the store outgrows it.
+"""
+
+from __future__ import annotations
+
+import hnswlib
+import numpy as np
+
+
+class VectorIndex:
+    def __init__(self, dim: int, exact_limit: int = 4096, m: int = 16,
+                 ef_construction: int = 100, ef_search: int = 128, seed: int = 100):
+        self.dim = dim
+        self.exact_limit = exact_limit
+        self.m = m
+        self.ef_construction = ef_construction
+        self.ef_search = ef_search
+        self.seed = seed
+        self._vecs = np.zeros((64, dim), dtype=np.float32)
+        self._alive = np.zeros(64, dtype=bool)
+        self._n = 0
+        self._live = 0
+        self._hnsw: hnswlib.Index | None = None
+
+    def __len__(self) -> int:
+        return self._live
+
+    @property
+    def uses_hnsw(self) -> bool:
+        return self._hnsw is not None
+
+    def add(self, vec: np.ndarray) -> int:
+        """Add a unit vector; returns its label (the insertion ordinal)."""
+        label = self._n
+        if label >= len(self._vecs):
+            grow = len(self._vecs) * 2
+            self._vecs = np.resize(self._vecs, (grow, self.dim))
+            self._vecs[label:] = 0
+            alive = np.zeros(grow, dtype=bool)
+            alive[: len(self._alive)] = self._alive
+            self._alive = alive
+        self._vecs[label] = vec
+        self._alive[label] = True
+        self._n += 1
+        self._live += 1
+        if self._hnsw is not None:
+            if self._n > self._hnsw.get_max_elements():
+                self._hnsw.resize_index(max(2 * self._hnsw.get_max_elements(), self._n))
+            self._hnsw.add_items(vec.reshape(1, -1), [label], num_threads=1)
+        elif self._live > self.exact_limit:
+            self._build_hnsw()
+        return label
+
+    def remove(self, label: int) -> None:
+        if not self._alive[label]:
+            return
+        self._alive[label] = False
+        self._live -= 1
+        if self._hnsw is not None:
+            self._hnsw.mark_deleted(label)
+
+    def vector(self, label: int) -> np.ndarray:
+        return self._vecs[label]
+
+    def _build_hnsw(self) -> None:
+        index = hnswlib.Index(space="cosine", dim=self.dim)
+        index.init_index(max_elements=max(2 * self._n, 1024), ef_construction=self.ef_construction,
+                         M=self.m, random_seed=self.seed)
+        index.set_num_threads(1)
+        labels = np.arange(self._n)
+        # Every label is inserted (dead ones too, then marked) so labels stay insertion ordinals.
+        index.add_items(self._vecs[: self._n], labels, num_threads=1)
+        for label in np.flatnonzero(~self._alive[: self._n]):
+            index.mark_deleted(int(label))
+        index.set_ef(self.ef_search)
+        self._hnsw = index
+
+    def search(self, query: np.ndarray, k: int) -> list[tuple[int, float]]:
+        """Top-k live items by cosine, as (label, cosine), best first, ties by label."""
+        k = min(k, self._live)
+        if k <= 0:
+            return []
+        if self._hnsw is not None:
+            try:
+                labels, _ = self._hnsw.knn_query(query.reshape(1, -1), k=k, num_threads=1)
+                cand = labels[0].astype(np.int64)
+            except RuntimeError:
+                cand = None  # graph could not return k live items: fall back to exact
+            if cand is not None:
+                sims = self._vecs[cand] @ query
+                order = np.lexsort((cand, -sims))
+                return [(int(cand[i]), float(sims[i])) for i in order]
+        sims = self._vecs[: self._n] @ query
+        sims = np.where(self._alive[: self._n], sims, -np.inf)
+        if k < self._n:
+            part = np.argpartition(-sims, k - 1)[:k]
+            # Include every item tied with the k-th score so the label tie-break is exact.
+            kth = sims[part].min()
+            part = np.flatnonzero(sims >= kth)
+        else:
+            part = np.flatnonzero(np.isfinite(sims))
+        order = np.lexsort((part, -sims[part]))[:k]
+        return [(int(part[i]), float(sims[part[i]])) for i in order]
+
+    def similarities(self, query: np.ndarray, labels: list[int]) -> np.ndarray:
+        return self._vecs[labels] @ query if labels else np.zeros(0, dtype=np.float32)

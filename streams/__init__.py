@@ -1,0 +1,1 @@
+"""Transports: the embedded in-process runner and the Kafka app. No memory logic here."""
