@@ -38,6 +38,7 @@ class MiniLMEmbedder:
     def __init__(self) -> None:
         self._model = None
         self._lock = threading.Lock()
+        self._memo: dict[str, np.ndarray] = {}
 
     def _load(self):
         with self._lock:
@@ -61,10 +62,16 @@ class MiniLMEmbedder:
             return self._model
 
     def embed_one(self, text: str) -> np.ndarray:
+        # Per-process memo: embedding is a pure function of the text at batch size 1.
+        vec = self._memo.get(text)
+        if vec is not None:
+            return vec
         model = self._load()
         vec = model.encode([text], batch_size=1, normalize_embeddings=True,
                            convert_to_numpy=True, show_progress_bar=False)[0]
-        return np.asarray(vec, dtype=np.float32)
+        vec = np.asarray(vec, dtype=np.float32)
+        self._memo[text] = vec
+        return vec
 
 
 _SHARED: dict[str, MiniLMEmbedder] = {}

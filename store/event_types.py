@@ -231,3 +231,8 @@ class ToolLabelChanged(EventPayload):
 class CaseCompleted(EventPayload):
     index: int
     correct: bool
+
+
+# Registers the gateway's `llm.exchange` and `case.failed` types, so every reader of a log can
+# decode them. At the end: that module imports AgentStep from here.
+from store import llm_events as _llm_events  # noqa: E402,F401

@@ -81,6 +81,14 @@ class VectorIndex:
         index.set_ef(self.ef_search)
         self._hnsw = index
 
+    def _rescore(self, cand: np.ndarray, query: np.ndarray, k: int) -> list[tuple[int, float]]:
+        # Scores are recomputed in float64 over label-sorted candidates, so they do not depend
+        # on which BLAS kernel (matrix size) found the candidates: HNSW and exact agree bit for bit.
+        cand = np.unique(cand)
+        sims = self._vecs[cand].astype(np.float64) @ query.astype(np.float64)
+        order = np.lexsort((cand, -sims))[:k]
+        return [(int(cand[i]), float(sims[i])) for i in order]
+
     def search(self, query: np.ndarray, k: int) -> list[tuple[int, float]]:
         """Top-k live items by cosine, as (label, cosine), best first, ties by label."""
         k = min(k, self._live)
@@ -89,24 +97,20 @@ class VectorIndex:
         if self._hnsw is not None:
             try:
                 labels, _ = self._hnsw.knn_query(query.reshape(1, -1), k=k, num_threads=1)
-                cand = labels[0].astype(np.int64)
+                return self._rescore(labels[0].astype(np.int64), query, k)
             except RuntimeError:
-                cand = None  # graph could not return k live items: fall back to exact
-            if cand is not None:
-                sims = self._vecs[cand] @ query
-                order = np.lexsort((cand, -sims))
-                return [(int(cand[i]), float(sims[i])) for i in order]
+                pass  # graph could not return k live items: fall back to exact
         sims = self._vecs[: self._n] @ query
         sims = np.where(self._alive[: self._n], sims, -np.inf)
-        if k < self._n:
+        if k < self._live:
             part = np.argpartition(-sims, k - 1)[:k]
-            # Include every item tied with the k-th score so the label tie-break is exact.
+            # Widen to everything within float32 noise of the k-th score: the float64 rescoring
+            # and the label tie-break then decide, exactly.
             kth = sims[part].min()
-            part = np.flatnonzero(sims >= kth)
+            part = np.flatnonzero(sims >= kth - 1e-5)
         else:
             part = np.flatnonzero(np.isfinite(sims))
-        order = np.lexsort((part, -sims[part]))[:k]
-        return [(int(part[i]), float(sims[part[i]])) for i in order]
+        return self._rescore(part, query, k)
 
     def similarities(self, query: np.ndarray, labels: list[int]) -> np.ndarray:
         return self._vecs[labels] @ query if labels else np.zeros(0, dtype=np.float32)

@@ -46,7 +46,7 @@ class SimBackbone:
     model = None
     note = SIM_NOTE
 
-    def __init__(self, follow_overlap: float = 0.3, edit_overlap: float = 0.6):
+    def __init__(self, follow_overlap: float = 0.25, edit_overlap: float = 0.6):
         self.follow_overlap = follow_overlap
         self.edit_overlap = edit_overlap
 
@@ -55,6 +55,7 @@ class SimBackbone:
         q = content_tokens(view.question)
         steps: list[AgentStep] = []
 
+        # Distilled rules take precedence over raw episodes; within a kind, the best-matching item.
         follow: tuple[str, str, float] | None = None  # (source, letter, overlap)
         for kind, items in (("rule", memory.rules), ("episode", memory.episodes)):
             for item in items:
@@ -64,6 +65,8 @@ class SimBackbone:
                 overlap = trigger_overlap(item.trigger, q)
                 if letter and overlap >= self.follow_overlap and (follow is None or overlap > follow[2]):
                     follow = (f"{kind}:{item_id}", letter, overlap)
+            if follow:
+                break
         if follow:
             steps.append(AgentStep(kind="reasoning",
                                    content=f"{follow[0]} matches {follow[2]:.2f} of its trigger and names {follow[1]}"))

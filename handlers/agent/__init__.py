@@ -1,0 +1,1 @@
+"""The ReAct agent loop used by model backbones: protocol parsing, context guard, the loop."""

@@ -1,0 +1,74 @@
+"""Events of the LLM gateway and of cases that could not be completed.
+
+Every attempt at a model call is one `llm.exchange` event, appended to the stage's batch
+before the response is parsed or used (DESIGN §3), so a replay can serve it by request
+hash and an audit can show exactly what the model saw and said. Wall-clock latency and
+where the response came from (live / recorded) go in the event's `meta`, never here: the
+payload must be the same bytes when a recorded run is re-executed.
+
+The API key and the endpoint URL are never part of a payload.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from store.event_types import AgentStep
+from store.events import EventPayload, event
+
+
+class LLMMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class TokenUsage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+@event("llm.exchange")
+class LLMExchange(EventPayload):
+    stage: str
+    """The pipeline stage that made the call (act, reflect, ...)."""
+    purpose: str
+    """What the call is for within the stage: `react-step-3`, `reflection`, `reflection-repair`."""
+    request_hash: str
+    """sha256 of the canonical JSON of (model, messages, params): the key a replay serves by."""
+    model: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Sampling parameters and the response format (JSON schema included) sent with the request."""
+    messages: list[LLMMessage]
+    attempt: int
+    """1-based attempt number for this request (retries repeat the same request hash)."""
+    outcome: Literal["ok", "error"]
+    response: str | None = None
+    """The assistant message text, exactly as returned (before any parsing)."""
+    finish_reason: str | None = None
+    usage: TokenUsage | None = None
+    error: str | None = None
+    """For a failed attempt: `<kind>: <message>`, kind one of rate_limit, server, timeout,
+    connection, bad_request, auth, other. Secrets are scrubbed before it is stored."""
+    retryable: bool = False
+
+
+@event("case.failed")
+class CaseFailed(EventPayload):
+    """A stage could not produce its result (model unreachable, output unusable to the end).
+
+    stage `act`: no answer was recorded; the case counts as incorrect, and feedback, reflection
+    and tool governance are skipped, so memory is not touched by the case. stage `reflect`: the
+    answer was graded as usual, but no episode or rule is written from the case.
+    """
+
+    stage: str
+    reason: str
+    steps: list[AgentStep] = Field(default_factory=list)
+    """The trajectory up to the failure (act), so the record stays complete."""

@@ -1,0 +1,50 @@
+"""Shared fixtures: example cases, an embedding cache over the packaged MiniLM, run helpers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from handlers.cases import Case, load_cases
+from handlers.policies.config import EvoMedAgentPolicy, NoMemoryPolicy
+from handlers.runs import RunSpec, open_run
+from store.embeddings import EmbeddingCache, shared_minilm
+from store.eventstore import EventStore
+from streams.embedded import EmbeddedRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "cases.jsonl"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def example_cases() -> list[Case]:
+    return load_cases(EXAMPLES)[0]
+
+
+@pytest.fixture
+def store() -> EventStore:
+    s = EventStore(":memory:")
+    yield s
+    s.close()
+
+
+def run_in(store: EventStore, cases, spec: RunSpec, run_id: str = "r", commit: str = "stage"):
+    """Run cases through the embedded runner; returns the run context."""
+    cache = EmbeddingCache(shared_minilm(), store.conn)
+    ctx, _ = open_run(store, run_id, spec, cache)
+    asyncio.run(EmbeddedRunner(ctx, commit=commit).run(cases))
+    cache.flush()
+    return ctx
+
+
+@pytest.fixture
+def evo_spec() -> RunSpec:
+    return RunSpec(policy=EvoMedAgentPolicy(), seed=0)
+
+
+@pytest.fixture
+def none_spec() -> RunSpec:
+    return RunSpec(policy=NoMemoryPolicy(), seed=0)

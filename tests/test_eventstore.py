@@ -1,0 +1,136 @@
+"""The DuckDB event log: append-only, gapless, atomic, optimistic concurrency, upcasting, chain."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from store import event_types as ev
+from store.eventstore import ConcurrencyConflict, EventStore
+from store.events import NewEvent, upcast
+
+
+def _received(i: int) -> NewEvent:
+    return NewEvent(ev.CaseReceived(index=i, case={"case_id": f"c{i}"}), case_id=f"c{i}",
+                    meta={"host": "h", "t": i})
+
+
+def test_append_assigns_gapless_seqs_and_reads_back(store: EventStore):
+    store.append("r", [_received(0), _received(1)], expected_seq=-1)
+    store.append("r", [_received(2)], expected_seq=1)
+    events = store.read("r")
+    assert [e.seq for e in events] == [0, 1, 2]
+    assert events[2].decode() == ev.CaseReceived(index=2, case={"case_id": "c2"})
+    assert events[0].meta == {"host": "h", "t": 0}
+    assert store.runs()[0].last_seq == 2
+
+
+def test_runs_are_independent_logs(store: EventStore):
+    store.append("a", [_received(0)], expected_seq=-1)
+    store.append("b", [_received(0), _received(1)], expected_seq=-1)
+    assert [e.seq for e in store.read("a")] == [0]
+    assert [e.seq for e in store.read("b")] == [0, 1]
+
+
+def test_stale_expected_seq_is_a_conflict_and_writes_nothing(store: EventStore):
+    store.append("r", [_received(0)], expected_seq=-1)
+    with pytest.raises(ConcurrencyConflict, match="expected last seq -1"):
+        store.append("r", [_received(1), _received(2)], expected_seq=-1)
+    assert [e.seq for e in store.read("r")] == [0]
+
+
+def test_a_failing_batch_leaves_no_partial_rows(store: EventStore):
+    class Boom(ev.CaseReceived):
+        def model_dump(self, **kw):  # the third event cannot be serialised
+            raise RuntimeError("boom")
+
+    batch = [_received(0), _received(1), NewEvent(Boom(index=2, case={}))]
+    with pytest.raises(RuntimeError):
+        store.append("r", batch, expected_seq=-1)
+    assert store.read("r") == []
+    store.append("r", [_received(0)], expected_seq=-1)  # the log is still usable from seq 0
+    assert [e.seq for e in store.read("r")] == [0]
+
+
+def test_racing_writers_exactly_one_wins(tmp_path):
+    s = EventStore(tmp_path / "race.duckdb")
+    s.append("r", [_received(0)], expected_seq=-1)
+    for round_ in range(5):
+        base = s.last_seq("r")
+        barrier = threading.Barrier(2)
+        results: list[object] = []
+
+        def writer(tag: int) -> None:
+            barrier.wait()
+            try:
+                s.append("r", [_received(100 + tag), _received(200 + tag)], expected_seq=base)
+                results.append("ok")
+            except ConcurrencyConflict as exc:
+                results.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(t,)) for t in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results.count("ok") == 1, results
+        assert sum(isinstance(r, ConcurrencyConflict) for r in results) == 1
+        assert s.last_seq("r") == base + 2
+    seqs = [e.seq for e in s.read("r")]
+    assert seqs == list(range(len(seqs)))
+    s.close()
+
+
+def test_fingerprint_covers_payload_not_meta(tmp_path):
+    a, b = EventStore(":memory:"), EventStore(":memory:")
+    a.append("x", [NewEvent(ev.CaseCompleted(index=0, correct=True), meta={"t": 1.0})], -1)
+    b.append("y", [NewEvent(ev.CaseCompleted(index=0, correct=True), meta={"t": 99.0, "host": "z"})], -1)
+    assert a.fingerprint("x") == b.fingerprint("y")  # meta and run id are excluded
+    b.append("y", [NewEvent(ev.CaseCompleted(index=1, correct=False))], 0)
+    assert a.fingerprint("x") != b.fingerprint("y")
+
+
+def test_store_api_has_no_update_or_delete():
+    public = {n for n in dir(EventStore) if not n.startswith("_")}
+    assert not {n for n in public if any(w in n for w in ("update", "delete", "remove", "truncate"))}
+
+
+def test_v1_payload_is_upcast_to_v2_on_read(store: EventStore):
+    v1 = {"answer": "B", "gold": "A", "correct": False, "rule_outcomes": [],
+          "tool_outcomes": [{"tool": "xray", "helpful": False, "harmful": True},
+                            {"tool": "lab", "helpful": True, "harmful": False},
+                            {"tool": "old", "helpful": False, "harmful": False}]}
+    # A v1 row as an older grandrounds wrote it, inserted behind the API.
+    store.conn.execute(
+        "INSERT INTO events VALUES ('r', 0, 'feedback.recorded', 1, 'c', NULL, ?, '{}', 'x')",
+        [__import__("json").dumps(v1)])
+    decoded = store.read("r")[0].decode()
+    assert isinstance(decoded, ev.FeedbackRecorded)
+    assert [(t.tool, t.outcome) for t in decoded.tool_outcomes] == [
+        ("xray", "harmful"), ("lab", "helpful"), ("old", "neutral")]
+    assert store.read("r")[0].payload == v1  # stored bytes are never rewritten
+    with pytest.raises(ValueError, match="newer than this code"):
+        upcast("feedback.recorded", 3, v1)
+
+
+def test_hash_chain_detects_an_edit_behind_the_api(tmp_path):
+    s = EventStore(tmp_path / "t.duckdb")
+    s.append("r", [_received(i) for i in range(5)], -1)
+    assert s.verify_chain("r") is None
+    s.conn.execute("""UPDATE events SET payload = '{"case":{"case_id":"forged"},"index":2}'
+                      WHERE run_id = 'r' AND seq = 2""")
+    assert s.verify_chain("r") == 2
+    s.close()
+
+
+def test_import_rejects_altered_events(store: EventStore):
+    src = EventStore(":memory:")
+    stored = src.append("r", [_received(0), _received(1)], -1)
+    store.import_events(stored)
+    assert store.fingerprint("r") == src.fingerprint("r")
+    other = EventStore(":memory:")
+    forged = [stored[0], type(stored[1])(**{**stored[1].__dict__, "payload": {"index": 9, "case": {}}})]
+    with pytest.raises(Exception, match="chain hash mismatch"):
+        other.import_events(forged)
+    assert other.read("r") == []
