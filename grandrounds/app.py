@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from handlers.backbones import make_backbone
 from handlers.cases import Case
 from handlers.runs import RunSpec, open_run
 from replay.metrics import run_summary
@@ -40,18 +39,35 @@ def unique_run_id(store: EventStore, base: str, spec: RunSpec) -> str:
 
 
 def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: str | None = None,
-              cache: EmbeddingCache | None = None, commit: str = "stage",
-              on_case: Callable[[int, bool], None] | None = None) -> RunOutcome:
+              cache: EmbeddingCache | None = None, commit: str = "case",
+              on_case: Callable[[int, bool], None] | None = None,
+              backbone_options: dict | None = None) -> RunOutcome:
+    """`backbone_options` go to `make_backbone` (endpoint, recorded exchanges, ...): they
+    choose how the backbone is reached, not what the run is, so they are not in the spec."""
     cache = cache or make_cache(store)
     rid = run_id or unique_run_id(store, spec.default_run_id(), spec)
-    ctx, how = open_run(store, rid, spec, cache)
+    ctx, how = open_run(store, rid, spec, cache, **(backbone_options or {}))
     runner = EmbeddedRunner(ctx, commit=commit)  # type: ignore[arg-type]
+
+    async def drive() -> int:
+        try:
+            return await runner.run(cases, on_case=on_case)
+        finally:
+            close = getattr(ctx.backbone, "aclose", None)
+            if close is not None:  # the model client's connections belong to this event loop
+                await close()
+
     try:
-        processed = asyncio.run(runner.run(cases, on_case=on_case))
+        processed = asyncio.run(drive())
     finally:
         cache.flush()
     summary = run_summary(store, rid, ctx.projection.state)
-    return RunOutcome(summary, processed, how, make_backbone(spec.backbone, spec.model).note)
+    if spec.backbone != "sim":
+        from handlers.llm.usage import llm_usage
+
+        summary["llm"] = llm_usage(store, rid)
+        summary["failed"] = len(summary["llm"]["failed_cases"])
+    return RunOutcome(summary, processed, how, ctx.backbone.note)
 
 
 def default_db() -> Path:

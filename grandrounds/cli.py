@@ -24,52 +24,65 @@ def main() -> None:
 @click.option("--db", default="grandrounds.duckdb", show_default=True, help="DuckDB file holding the event log.")
 @click.option("--run-id", default=None, help="Run id (default: derived from policy, backbone, seed and cases).")
 @click.option("--policy", default="evo-medagent", show_default=True, help="Preset name or TOML policy file.")
-@click.option("--backbone", default=None, help="sim (default without a model endpoint).")
+@click.option("--backbone", type=click.Choice(["sim", "openai", "record"]), default=None,
+              help="Default: openai when --base-url or OPENAI_BASE_URL is set, else sim.")
 @click.option("--model", default=None, help="Model name for a real backbone.")
-@click.option("--base-url", default=None, help="OpenAI-compatible endpoint for a real backbone.")
+@click.option("--base-url", default=None, help="OpenAI-compatible endpoint (else OPENAI_BASE_URL; key: OPENAI_API_KEY).")
+@click.option("--record-from", default=None, metavar="RUN", help="record backend: the run whose exchanges are served.")
+@click.option("--record-db", default=None, help="record backend: DuckDB file holding --record-from (default: --db).")
+@click.option("--live-fallthrough", is_flag=True, help="record backend: call the model on a miss instead of failing.")
+@click.option("--max-steps", default=7, show_default=True, type=click.IntRange(min=1), help="Agent steps per case (openai).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
               help="Cases in flight; 0 = strict order (the embedded runner is always strict).")
 @click.option("--broker", default="memory", show_default=True, help="memory (embedded) or kafka://HOST:PORT.")
 @click.option("--sim-tool", "sim_tools", multiple=True, metavar="NAME=RELIABILITY",
               help="Offer a simulated tool of fixed reliability (repeatable; sim backbone).")
-@click.option("--commit", type=click.Choice(["stage", "case"]), default="stage", show_default=True,
-              help="Flush events per stage (safest) or per case (faster bulk runs).")
+@click.option("--commit", type=click.Choice(["stage", "case"]), default="case", show_default=True,
+              help="One transaction per case (default) or per stage (a crash then loses at most one stage).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def run(cases_file, db, run_id, policy, backbone, model, base_url, seed, lag, broker, sim_tools, commit, as_json):
+def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, record_db, live_fallthrough, max_steps,
+        seed, lag, broker, sim_tools, commit, as_json):
     """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern."""
     from handlers.cases import load_cases
     from handlers.policies.config import load_policy
     from handlers.runs import RunSpec
     from handlers.tools import parse_tool_spec
 
-    note = ""
+    from grandrounds.backbone_choice import attach_record, choose_backbone
+
     try:
         cases, source = load_cases(cases_file)
         pol = load_policy(policy)
-        if backbone is None:
-            backbone = "sim"
-            if os.environ.get("OPENAI_BASE_URL") or base_url:
-                note = "a model endpoint is configured but --backbone was not given: using the offline sim backbone"
+        choice = choose_backbone(backbone, model, base_url, record_from, live_fallthrough, max_steps)
+        note, backbone = choice.note, choice.name
         tools: dict[str, float] = {}
         for spec in sim_tools:
             name, r = parse_tool_spec(spec)
             tools[name] = r
-        if tools and backbone != "sim":
-            raise click.BadParameter("--sim-tool works with the sim backbone only")
         if broker != "memory":
             raise click.BadParameter(f"broker {broker!r}: only the embedded broker ('memory') is available in this build")
-        run_spec = RunSpec(policy=pol, backbone=backbone, model=model, seed=seed, lag=lag, tools=tools, source=source)
+        run_spec = RunSpec(policy=pol, backbone=backbone, model=choice.model, seed=seed, lag=lag, tools=tools,
+                           source=source)
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
     except (ValueError, click.BadParameter) as exc:
         fail(str(exc.message if isinstance(exc, click.BadParameter) else exc), 2, as_json)
 
     from grandrounds.app import run_cases
+    from handlers.llm.errors import ReplayDivergence
     from store.eventstore import EventStore, StoreError
 
     try:
         with EventStore(db) as store:
+            if choice.record_from:
+                if record_db and os.path.abspath(record_db) != os.path.abspath(db):
+                    with EventStore(record_db, read_only=True) as src:
+                        attach_record(choice, src)
+                else:
+                    attach_record(choice, store)
+                    run_id = run_id or f"{choice.record_from}-record"  # not the recorded run itself
+                run_spec = run_spec.model_copy(update={"model": choice.model})
             bar = _progress(len(cases), as_json)
             tally = [0, 0]  # seen, correct
 
@@ -80,12 +93,13 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, seed, lag, br
                 bar.set_postfix_str(f"acc {tally[1] / tally[0]:.2f}", refresh=False)
 
             try:
-                outcome = run_cases(store, cases, run_spec, run_id=run_id, commit=commit, on_case=on_case)
+                outcome = run_cases(store, cases, run_spec, run_id=run_id, commit=commit, on_case=on_case,
+                                    backbone_options=choice.options)
             finally:
                 bar.close()
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
-    except StoreError as exc:
+    except (StoreError, ReplayDivergence) as exc:
         fail(str(exc), 1, as_json)
     summary = outcome.summary
     notes = [n for n in (note, outcome.note) if n]
@@ -105,5 +119,10 @@ def _progress(total: int, quiet: bool):
     return tqdm(total=total, unit="case", desc="cases", file=sys.stderr, disable=quiet or None, leave=False)
 
 
+from grandrounds.cli_convert import convert  # noqa: E402
+
+main.add_command(convert)
+
 if __name__ == "__main__":
     main()
+from grandrounds import cli_replay  # noqa: E402,F401

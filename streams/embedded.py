@@ -1,10 +1,11 @@
 """The embedded runner: drives the handlers in-process over a list of cases, no broker.
 
-Cases run strictly in order. Each stage's events are flushed as one transaction when the
-stage ends (`commit="stage"`, the default: a crash loses at most the stage in flight), or
-once per case (`commit="case"`: one transaction for all five stages of a case — still
-atomic per stage, faster for bulk replays). A resumed run skips completed cases and
-finishes a half-done case from the stage where it stopped.
+Cases run strictly in order. By default a case's five stages are flushed together as one
+transaction and one multi-row INSERT when the case ends (`commit="case"`): a stage is
+never split, and a DuckDB commit (~1-3 ms here) is paid once a case instead of five times.
+`commit="stage"` flushes after every stage, so a crash loses at most the stage in flight.
+A resumed run skips completed cases and finishes a half-done case from the stage where it
+stopped. Both modes write identical bytes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ Progress = Callable[[int, bool], None]  # (case index, correct)
 
 
 class EmbeddedRunner:
-    def __init__(self, ctx: RunContext, commit: Literal["stage", "case"] = "stage",
+    def __init__(self, ctx: RunContext, commit: Literal["stage", "case"] = "case",
                  checkpoint_every: int = 250):
         self.ctx = ctx
         self.commit = commit

@@ -31,7 +31,7 @@ def store() -> EventStore:
     s.close()
 
 
-def run_in(store: EventStore, cases, spec: RunSpec, run_id: str = "r", commit: str = "stage"):
+def run_in(store: EventStore, cases, spec: RunSpec, run_id: str = "r", commit: str = "case"):
     """Run cases through the embedded runner; returns the run context."""
     cache = EmbeddingCache(shared_minilm(), store.conn)
     ctx, _ = open_run(store, run_id, spec, cache)

@@ -147,7 +147,7 @@ def test_checkpoint_is_used_caught_up_or_dropped(example_cases, evo_spec, tmp_pa
     assert opened.how == "checkpoint"
     # more cases after the checkpoint: it is caught up, not rebuilt
     ctx, _ = open_run(s, "r", evo_spec, cache)
-    runner = EmbeddedRunner(ctx, checkpoint_every=0)
+    runner = EmbeddedRunner(ctx, commit="stage", checkpoint_every=0)
     runner_cases = example_cases[:25]
 
     async def five_more():
@@ -178,7 +178,7 @@ def test_a_run_interrupted_mid_case_resumes_to_the_same_fingerprint(example_case
     s = EventStore(tmp_path / "crash.duckdb")
     cache = EmbeddingCache(shared_minilm(), s.conn)
     ctx, _ = open_run(s, "r", evo_spec, cache)
-    runner = EmbeddedRunner(ctx)
+    runner = EmbeddedRunner(ctx, commit="stage")
     stages_seen = []
 
     async def crash_after_act(stage):

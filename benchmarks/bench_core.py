@@ -1,0 +1,189 @@
+"""Core numbers of DESIGN §9, measured side by side in one process.
+
+    python benchmarks/bench_core.py [--items 10000] [--cases 200] [--json]
+
+- append throughput: one batched INSERT per stage vs one event per transaction;
+- per-case memory overhead (all but model calls: sim backbone, warm embedding cache) with a
+  memory of --items items (half rules, half episodes), p50/p90;
+- retrieval (scoring and filtering included) vs raw hnswlib queries on the same vectors;
+- rebuilding every projection from the log, and restarting from a checkpoint;
+- peak RSS.
+Synthetic memory items get random unit vectors (seeded) in the embedding cache: the point is
+the machinery's cost, not embedding quality. Case questions are embedded by the real model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from handlers.cases import load_cases  # noqa: E402
+from handlers.pipeline import process_case  # noqa: E402
+from handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
+from handlers.retrieve import _evo_retrieve  # noqa: E402
+from handlers.runs import RunSpec, open_run  # noqa: E402
+from store import event_types as ev  # noqa: E402
+from store.embeddings import EmbeddingCache, shared_minilm  # noqa: E402
+from store.eventstore import EventStore  # noqa: E402
+from store.events import NewEvent  # noqa: E402
+from store.projection import open_projection, rebuild, save_checkpoint  # noqa: E402
+
+VOCAB = ("fever cough dyspnea chest pain syncope rash headache vomiting confusion tachycardia hypotension "
+         "wheeze edema jaundice hematuria seizure weakness numbness pallor cyanosis murmur effusion "
+         "consolidation nodule cavitation infiltrate pneumothorax cardiomegaly atelectasis").split()
+
+
+def synthetic_memory(n_items: int, rng: np.random.Generator) -> tuple[list[NewEvent], dict[str, np.ndarray]]:
+    events, vectors = [], {}
+    for i in range(n_items):
+        words = [VOCAB[j] for j in rng.choice(len(VOCAB), 6, replace=False)]
+        vec = rng.standard_normal(384).astype(np.float32)
+        vec /= np.linalg.norm(vec)
+        if i % 2 == 0:
+            text = f"If the presentation includes {', '.join(words)}: favour 'option {i}'."
+            events.append(NewEvent(ev.RuleAdded(rule_id=f"rule-syn-{i}", text=text, trigger=words,
+                                                priority=int(i % 3), source_case_id=f"syn-{i}"), f"syn-{i}"))
+        else:
+            text = f"Synthetic case {i}: {' '.join(words)}."
+            events.append(NewEvent(ev.EpisodeStored(
+                episode_id=f"ep-syn-{i}", case_id=f"syn-{i}", descriptor=text, trace=[], answer="A", gold="A",
+                correct=True, summary=f"summary {i}", guideline=f"guideline {' '.join(words)}",
+                trigger=words), f"syn-{i}"))
+        vectors[text] = vec
+    return events, vectors
+
+
+def seed_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCache, events: list[NewEvent]) -> float:
+    started = spec.started_event(cache.embedder.name)
+    store.append(run_id, [NewEvent(started)], -1)
+    t = time.perf_counter()
+    seq = 0
+    for i in range(0, len(events), 1000):  # stage-sized batches would be smaller; this is bulk load
+        batch = events[i:i + 1000]
+        store.append(run_id, batch, seq)
+        seq += len(batch)
+    return len(events) / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=10_000)
+    ap.add_argument("--cases", type=int, default=200)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    out: dict = {"items": args.items, "cases": args.cases}
+    tmp = Path(tempfile.mkdtemp(prefix="gr-bench-"))
+    store = EventStore(tmp / "bench.duckdb")
+    cache = EmbeddingCache(shared_minilm(), store.conn)
+    spec = RunSpec(policy=EvoMedAgentPolicy(), seed=0)
+
+    # --- append throughput: batched vs one event per transaction --------------------------
+    one = [NewEvent(ev.CaseCompleted(index=i, correct=True)) for i in range(300)]
+    t = time.perf_counter()
+    for i, e in enumerate(one):
+        store.append("single", [e], i - 1)
+    single_rate = len(one) / (time.perf_counter() - t)
+    stage = [NewEvent(ev.CaseCompleted(index=i, correct=True)) for i in range(8)]  # a stage's batch
+    t = time.perf_counter()
+    for k in range(300):
+        store.append("stagebatch", stage, k * 8 - 1)
+    stage_rate = 300 * 8 / (time.perf_counter() - t)
+    events, vectors = synthetic_memory(args.items, rng)
+    for text, vec in vectors.items():
+        cache.put(text, vec)
+    bulk_rate = seed_run(store, "warm", spec, cache, events)
+    seed_run(store, "measure", spec, cache, events)
+    out["append_events_per_s"] = {"one_event_per_txn": round(single_rate), "stage_batches_of_8": round(stage_rate),
+                                  "bulk_batches_of_1000": round(bulk_rate)}
+
+    # --- per-case overhead, warm cache ----------------------------------------------------
+    base = load_cases(ROOT / "examples" / "cases.jsonl")[0]
+    cases = [c.model_copy(update={"case_id": f"{c.case_id}-{k}"})
+             for k in range((args.cases + len(base) - 1) // len(base)) for c in base][: args.cases]
+
+    def run_cases(run_id: str, per_stage: bool) -> list[float]:
+        ctx, _ = open_run(store, run_id, spec, cache)
+        times = []
+
+        async def flush(stage: str) -> None:
+            if per_stage or stage == "govern":
+                ctx.writer.flush()
+
+        async def go():
+            for i, case in enumerate(cases):
+                t0 = time.perf_counter()
+                await process_case(ctx, case, i, on_stage=flush)
+                times.append(time.perf_counter() - t0)
+
+        asyncio.run(go())
+        return times
+
+    run_cases("warm", per_stage=False)  # fills the embedding cache with every text these cases produce
+    cache.flush()
+    seed_run(store, "measure-stage", spec, cache, events)
+    misses_before = cache.misses
+    out["per_case_ms"] = {}
+    for run_id, per_stage in (("measure", False), ("measure-stage", True)):
+        ms = sorted(x * 1000 for x in run_cases(run_id, per_stage))
+        out["per_case_ms"]["commit per stage" if per_stage else "commit per case"] = {
+            "p50": round(statistics.median(ms), 3), "p90": round(ms[int(0.9 * len(ms))], 3),
+            "mean": round(statistics.fmean(ms), 3)}
+    out["per_case_ms"]["embedding_misses"] = cache.misses - misses_before
+
+    # --- retrieval vs raw hnswlib ---------------------------------------------------------
+    proj = open_projection(store, "measure", cache).projection
+    cfg = spec.policy
+    ctx, _ = open_run(store, "measure", spec, cache)
+    queries = [cache.get(c.question) for c in base]
+    assert proj.rule_index.uses_hnsw and proj.episode_index.uses_hnsw
+    reps = 5
+    t = time.perf_counter()
+    for _ in range(reps):
+        for q in queries:
+            proj.rule_index._hnsw.knn_query(q.reshape(1, -1), k=cfg.candidate_pool, num_threads=1)
+            proj.episode_index._hnsw.knn_query(q.reshape(1, -1), k=cfg.top_k_episodes + 1, num_threads=1)
+    raw = (time.perf_counter() - t) / (reps * len(queries))
+    t = time.perf_counter()
+    for _ in range(reps):
+        for c in base:
+            _evo_retrieve(ctx, cfg, c, proj.seq)
+    full = (time.perf_counter() - t) / (reps * len(base))
+    out["retrieval_ms"] = {"raw_hnswlib": round(raw * 1000, 4), "grandrounds_retrieve": round(full * 1000, 4),
+                           "ratio": round(full / raw, 2),
+                           "note": "retrieve also renders the context prefix and builds pydantic payloads"}
+
+    # --- rebuild and checkpoint restart -----------------------------------------------------
+    t = time.perf_counter()
+    rebuilt = rebuild(store, "measure", cache)
+    out["rebuild_s"] = round(time.perf_counter() - t, 3)
+    out["rebuild_events"] = rebuilt.seq + 1
+    save_checkpoint(store, "measure", rebuilt)
+    t = time.perf_counter()
+    opened = open_projection(store, "measure", cache)
+    out["checkpoint_restart_s"] = round(time.perf_counter() - t, 3)
+    assert opened.how == "checkpoint" and opened.projection.state == rebuilt.state
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    store.close()
+
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k:22} {v}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Choosing and configuring the backbone for `grandrounds run` (kept out of cli.py)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from handlers.backbones import BackboneUnavailable
+
+
+@dataclass
+class BackboneChoice:
+    name: str
+    """What goes into the run spec: `sim` or `openai` (a record run re-executes an openai run)."""
+    model: str | None
+    note: str = ""
+    options: dict = field(default_factory=dict)
+    record_from: str | None = None
+
+
+def choose_backbone(backbone: str | None, model: str | None, base_url: str | None,
+                    record_from: str | None, live_fallthrough: bool, max_steps: int) -> BackboneChoice:
+    """The default is openai only when an endpoint is configured (--base-url or OPENAI_BASE_URL)."""
+    endpoint = base_url or os.environ.get("OPENAI_BASE_URL")
+    note = ""
+    if backbone is None:
+        if endpoint:
+            backbone = "openai"
+            note = f"model endpoint {endpoint} configured: using the openai backbone (--backbone sim for the simulator)"
+        else:
+            backbone = "sim"
+            note = "no model endpoint configured (--base-url / OPENAI_BASE_URL): using the offline sim backbone"
+    if backbone == "sim":
+        return BackboneChoice("sim", model, note)
+    if backbone not in ("openai", "record"):
+        raise BackboneUnavailable(f"unknown backbone {backbone!r} (available: sim, openai, record)")
+    opts = {"base_url": base_url, "max_steps": max_steps}
+    if backbone == "record":
+        if not record_from:
+            raise BackboneUnavailable("--backbone record needs --record-from RUN (the run whose exchanges to serve)")
+        opts["live_fallthrough"] = live_fallthrough
+        return BackboneChoice("openai", model, note, opts, record_from)
+    if not model:
+        raise BackboneUnavailable("the openai backbone needs --model")
+    return BackboneChoice("openai", model, note, opts)
+
+
+def attach_record(choice: BackboneChoice, source_store) -> None:
+    """Load the recorded run's exchanges into the choice; the model is the recorded run's."""
+    from handlers.llm.record import RecordedExchanges
+    from handlers.runs import read_spec
+
+    spec = read_spec(source_store, choice.record_from) if source_store.has_run(choice.record_from) else None
+    if spec is None:
+        raise BackboneUnavailable(f"--record-from: no run {choice.record_from!r} in the record database")
+    if spec.backbone != "openai":
+        raise BackboneUnavailable(f"run {choice.record_from!r} used the {spec.backbone} backbone: nothing to serve")
+    if choice.model and choice.model != spec.model:
+        raise BackboneUnavailable(f"--model {choice.model} differs from the recorded run's model {spec.model}")
+    choice.model = spec.model
+    choice.options["recorded"] = RecordedExchanges.from_store(source_store, choice.record_from)

@@ -1,0 +1,277 @@
+"""`grandrounds replay | verify | audit | export`: order-sensitivity replays, determinism checks,
+memory audit and event export (DESIGN §8). Registered onto the main command group."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from grandrounds.cli import main
+from grandrounds.errors import BAD_INPUT, fail
+
+DEFAULT_DB = "grandrounds.duckdb"
+
+
+def _bad_input() -> tuple[type[Exception], ...]:
+    from replay.audit_common import AuditInputError
+    from replay.caselog import UnknownRun
+    from replay.counterfactual import CounterfactualError
+    from replay.export import ExportError
+    from replay.order_replay import ReplayInputError
+    from replay.verify import NotVerifiable
+
+    return BAD_INPUT + (UnknownRun, AuditInputError, CounterfactualError, ExportError, ReplayInputError,
+                        NotVerifiable)
+
+
+def _open(db: str, as_json: bool, read_only: bool):
+    from store.eventstore import EventStore, StoreError
+
+    if not Path(db).exists():
+        fail(f"no database file {db!r} (give --db the file a run wrote)", 2, as_json)
+    try:
+        return EventStore(db, read_only=read_only)
+    except StoreError as exc:
+        fail(str(exc), 1, as_json)
+
+
+def _guarded(as_json: bool, fn):
+    """Run `fn`, mapping bad input to exit 2 and store/other failures to exit 1."""
+    from store.eventstore import StoreError
+
+    try:
+        return fn()
+    except _bad_input() as exc:
+        fail(str(exc), 2, as_json)
+    except click.BadParameter as exc:
+        fail(exc.message, 2, as_json)
+    except (StoreError, OSError) as exc:
+        fail(str(exc), 1, as_json)
+
+
+def _emit(obj: dict, as_json: bool, human: str | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps(obj))
+    else:
+        click.echo(human if human is not None else json.dumps(obj, indent=2))
+
+
+def _db_option(f):
+    return click.option("--db", default=DEFAULT_DB, show_default=True, help="DuckDB file holding the event log.")(f)
+
+
+def _json_option(f):
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(f)
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+
+@main.command()
+@_db_option
+@click.option("--from", "source", required=True, metavar="RUN", help="Run whose case log is replayed.")
+@click.option("--permutations", "count", default=5, show_default=True, type=int, help="Seeded case orders to run.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the permutations (not the run seed).")
+@click.option("--original", is_flag=True, help="Also run the source's own order (useful with a counterfactual).")
+@click.option("--policy", default=None, help="Counterfactual: preset name or TOML policy file instead of the source's.")
+@click.option("--ablation", "ablations", multiple=True, metavar="SWITCH",
+              help="Counterfactual switch (repeatable): no-writing, no-governance, no-valuation, similarity-only, "
+                   "procedural-only, episodic-only.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Counterfactual policy field (repeatable).")
+@click.option("--backbone", default=None, help="Counterfactual backbone (default: the source's).")
+@click.option("--model", default=None, help="Counterfactual model name.")
+@click.option("--tag", default=None, help="Name part for this replay's run ids (default: derived from the config).")
+@click.option("--workers", default=None, type=click.IntRange(min=1),
+              help="Worker processes (default: min(runs, CPU cores)); never changes results.")
+@click.option("--plot", "plot_path", default=None, metavar="PNG", help="Draw the curves and their mean band.")
+@click.option("--report", "report_path", default=None, metavar="HTML", help="Write a self-contained HTML report.")
+@_json_option
+def replay(db, source, count, seed, original, policy, ablations, sets, backbone, model, tag, workers,
+           plot_path, report_path, as_json):
+    """Replay a run's case log in K seeded orders (order sensitivity), or under a counterfactual policy."""
+    from grandrounds.app import make_cache
+    from grandrounds.replay_output import render_replay
+    from handlers.policies.config import load_policy
+    from replay.order_replay import execute_plan, plan_replay
+
+    for p, what in ((plot_path, "--plot"), (report_path, "--report")):
+        if p and not Path(p).resolve().parent.exists():
+            fail(f"{what} {p!r}: directory does not exist", 2, as_json)
+    store = _open(db, as_json, read_only=False)
+    with store:
+        def go():
+            pol = load_policy(policy) if policy else None
+            plan = plan_replay(store, source, count, seed, policy=pol, backbone=backbone, model=model,
+                               ablations=list(ablations), sets=list(sets), original=original, tag=tag)
+            n_workers = workers or max(1, min(len(plan.runs), os.cpu_count() or 1))
+            bar = _progress(len(plan.runs), "runs", as_json)
+            try:
+                result = execute_plan(store, make_cache(store), plan, workers=n_workers,
+                                      on_run=lambda r, res: bar.update(1))
+            finally:
+                bar.close()
+            if plot_path:
+                from replay.plot import plot_curves
+
+                plot_curves(result, plot_path)
+                result["plot"] = plot_path
+            if report_path:
+                from replay.report import write_report
+
+                write_report(store, result, db, report_path)
+                result["report"] = report_path
+            return result
+
+        result = _guarded(as_json, go)
+    _emit(dict(result, db=db), as_json, None if as_json else render_replay(result, db))
+
+
+def _progress(total: int, unit: str, quiet: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, desc=unit, file=sys.stderr, disable=quiet or None, leave=False)
+
+
+# --- verify ------------------------------------------------------------------------------------
+
+
+@main.command()
+@_db_option
+@click.argument("run_id", metavar="RUN")
+@_json_option
+def verify(db, run_id, as_json):
+    """Re-execute RUN from its own log; report whether the fingerprint is identical.
+
+    Exit code 0 when identical with an intact hash chain, 1 on a divergence or a broken chain.
+    """
+    from grandrounds.app import make_cache
+    from grandrounds.replay_output import render_verify
+    from replay.verify import verify_run
+
+    store = _open(db, as_json, read_only=False)
+    with store:
+        result = _guarded(as_json, lambda: verify_run(store, run_id, make_cache(store)))
+    _emit(dict(result, db=db), as_json, None if as_json else render_verify(result))
+    if not result["ok"]:
+        sys.exit(1)
+
+
+# --- audit -------------------------------------------------------------------------------------
+
+
+@main.group()
+def audit():
+    """Memory audit: time travel, provenance, per-case explanation, run diff."""
+
+
+@audit.command("items")
+@_db_option
+@click.argument("run_id", metavar="RUN")
+@click.option("--as-of-case", type=int, default=None, metavar="N",
+              help="Memory right after case index N (0-based, as explain shows) completed.")
+@click.option("--as-of-seq", type=int, default=None, metavar="S", help="Memory after folding events up to seq S.")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(["rule", "episode", "tool"]),
+              help="Item kinds to list (repeatable; default all).")
+@click.option("--status", default=None, help="Only items with this status (active, retired, stored, or a tool label).")
+@click.option("--sort", type=click.Choice(["id", "utility"]), default="id", show_default=True)
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help="At most N items (0: all). Default: all with --json, 40 otherwise.")
+@_json_option
+def audit_items(db, run_id, as_of_case, as_of_seq, kinds, status, sort, limit, as_json):
+    """The memory of RUN as it was at a point of the stream, with utility and status."""
+    from grandrounds.replay_output import render_items
+    from replay.audit_items import items
+
+    if limit is None:
+        limit = 0 if as_json else 40
+    store = _open(db, as_json, read_only=True)
+    with store:
+        result = _guarded(as_json, lambda: items(store, run_id, as_of_case, as_of_seq, list(kinds) or None,
+                                                 status, sort, limit or None))
+    _emit(result, as_json, None if as_json else render_items(result))
+
+
+@audit.command("history")
+@_db_option
+@click.argument("run_id", metavar="RUN")
+@click.argument("item", metavar="ITEM")
+@_json_option
+def audit_history(db, run_id, item, as_json):
+    """Every event that touched ITEM (rule id, episode id or tool name): creation, patches, uses, utility."""
+    from grandrounds.replay_output import render_history
+    from replay.audit_history import history
+
+    store = _open(db, as_json, read_only=True)
+    with store:
+        result = _guarded(as_json, lambda: history(store, run_id, item))
+    _emit(result, as_json, None if as_json else render_history(result))
+
+
+@audit.command("explain")
+@_db_option
+@click.argument("run_id", metavar="RUN")
+@click.argument("case", metavar="CASE")
+@_json_option
+def audit_explain(db, run_id, case, as_json):
+    """What CASE (a case id, or its index) retrieved, saw, answered, and changed in memory."""
+    from grandrounds.replay_output import render_explain
+    from replay.audit_explain import explain
+
+    store = _open(db, as_json, read_only=True)
+    with store:
+        result = _guarded(as_json, lambda: explain(store, run_id, case))
+    _emit(result, as_json, None if as_json else render_explain(result))
+
+
+@audit.command("diff")
+@_db_option
+@click.argument("run_a", metavar="RUN_A")
+@click.argument("run_b", metavar="RUN_B")
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help="At most N items per list (0: all). Default: all with --json, 15 otherwise.")
+@_json_option
+def audit_diff(db, run_a, run_b, limit, as_json):
+    """Memory items only in one run, and items in both with different utility or status (summary first)."""
+    from grandrounds.replay_output import render_diff
+    from replay.audit_diff import diff
+
+    if limit is None:
+        limit = 0 if as_json else 15
+    store = _open(db, as_json, read_only=True)
+    with store:
+        result = _guarded(as_json, lambda: diff(store, run_a, run_b, limit or None))
+    _emit(result, as_json, None if as_json else render_diff(result, limit))
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+@main.command()
+@_db_option
+@click.argument("run_ids", metavar="RUN...", nargs=-1)
+@click.option("--all", "all_runs", is_flag=True, help="Export every run in the file.")
+@click.option("--out", required=True, metavar="PATH", help="Output file: .parquet or .jsonl.")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default=None,
+              help="Default: from the extension of --out.")
+@_json_option
+def export(db, run_ids, all_runs, out, fmt, as_json):
+    """Export runs' events (the stored envelopes, payload and meta as JSON) to Parquet or JSON Lines."""
+    from grandrounds.replay_output import render_export
+    from replay.export import ExportError, export_runs
+
+    store = _open(db, as_json, read_only=True)
+    with store:
+        def go():
+            ids = list(run_ids)
+            if all_runs:
+                if ids:
+                    raise ExportError("give run ids or --all, not both")
+                ids = [r.run_id for r in store.runs()]
+            return export_runs(store, ids, out, fmt)
+
+        result = _guarded(as_json, go)
+    _emit(result, as_json, None if as_json else render_export(result))
