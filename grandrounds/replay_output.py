@@ -113,7 +113,7 @@ def render_explain(res: dict) -> str:
                      f"(#{r.get('from_case_index')}): {short(r['text'], 70)}")
     for e in res["retrieved"]["episodes"]:
         lines.append(f"    episode {e['episode_id']} rank {e['rank']} relevance {e['relevance']:.3f} from case "
-                     f"{e['source_case_id']}: {short(e['guideline'], 70)}")
+                     f"{e['source_case_id']} (#{e.get('from_case_index')}): {short(e['guideline'], 70)}")
     for g in res["retrieved"]["tool_guidance"]:
         lines.append(f"    tool {g['tool']}: {g['label']}")
     if not (res["retrieved"]["rules"] or res["retrieved"]["episodes"]):

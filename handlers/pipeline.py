@@ -20,6 +20,7 @@ from handlers.retrieve import retrieve
 from handlers.tools import ToolBox
 from store.event_types import AnswerGiven, CaseCompleted, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
 from store.eventstore import EventStore
+from store.llm_events import CaseFailed
 
 STAGES = ("retrieve", "act", "feedback", "reflect", "govern")
 
@@ -31,6 +32,8 @@ class CaseProgress:
     feedback: FeedbackRecorded | None = None
     reflection: ReflectionRecorded | None = None
     completed: CaseCompleted | None = None
+    failed: CaseFailed | None = None
+    """Set when act or reflect could not complete (the stage is in `failed.stage`)."""
 
     @property
     def started(self) -> bool:
@@ -52,6 +55,8 @@ def case_progress(store: EventStore, run_id: str, case_id: str, after_seq: int =
             p.reflection = payload
         elif isinstance(payload, CaseCompleted):
             p.completed = payload
+        elif isinstance(payload, CaseFailed):
+            p.failed = payload
     return p
 
 
@@ -70,15 +75,30 @@ async def process_case(ctx: RunContext, case: Case, index: int, progress: CasePr
     if p.memory is None:
         p.memory = await retrieve(ctx, case, index)
         await on_stage("retrieve")
-    if p.answer is None:
+    if p.answer is None and p.failed is None:
         toolbox = ToolBox(case, ctx.tools, ctx.seed)  # built from the full case: the environment's side
-        p.answer = await act(ctx, case.view(), p.memory, toolbox)
+        result = await act(ctx, case.view(), p.memory, toolbox)
+        if isinstance(result, CaseFailed):
+            p.failed = result
+        else:
+            p.answer = result
         await on_stage("act")
+    if p.answer is None:
+        # No answer: the case counts as incorrect, and no feedback, reflection or governance
+        # runs from it, so a failed case never changes memory.
+        p.completed = CaseCompleted(index=index, correct=False)
+        ctx.writer.emit(p.completed, case_id=case.case_id)
+        await on_stage("govern")
+        return p.completed
     if p.feedback is None:
         p.feedback = await feedback(ctx, case, p.memory, p.answer)
         await on_stage("feedback")
-    if p.reflection is None:
-        p.reflection = await reflect(ctx, case, p.memory, p.answer, p.feedback)
+    if p.reflection is None and p.failed is None:
+        result = await reflect(ctx, case, p.memory, p.answer, p.feedback)
+        if isinstance(result, CaseFailed):
+            p.failed = result
+        else:
+            p.reflection = result
         await on_stage("reflect")
     p.completed = await govern(ctx, case, index, p.feedback)
     await on_stage("govern")

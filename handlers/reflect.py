@@ -6,21 +6,31 @@ instead of adding a copy, as Evo-MedAgent prescribes.
 
 from __future__ import annotations
 
+from handlers.backbones.base import CaseFailure, records_exchanges
 from handlers.cases import Case
 from handlers.context import RunContext
+from handlers.llm.recorder import stage_recorder
 from handlers.policies.config import EvoMedAgentPolicy
 from handlers.policies.evo_medagent import escalated
 from store.event_types import (AnswerGiven, EpisodeStored, FeedbackRecorded, MemoryRetrieved,
                                ReflectionRecorded, RuleAdded, RuleEdited, RuleEditProposal,
                                RulePriorityChanged, RuleRetired)
+from store.llm_events import CaseFailed
 
 
 async def reflect(ctx: RunContext, case: Case, memory: MemoryRetrieved, answer: AnswerGiven,
-                  fb: FeedbackRecorded) -> ReflectionRecorded | None:
+                  fb: FeedbackRecorded) -> ReflectionRecorded | CaseFailed | None:
     policy = ctx.policy
     if not (isinstance(policy, EvoMedAgentPolicy) and policy.writing):
         return None
-    result = await ctx.backbone.reflect(case, memory, answer, fb)
+    extra = ({"recorder": stage_recorder(ctx.writer, case.case_id, "reflect")}
+             if records_exchanges(ctx.backbone) else {})
+    try:
+        result = await ctx.backbone.reflect(case, memory, answer, fb, **extra)
+    except CaseFailure as exc:  # nothing is written to memory from a reflection that failed
+        failed = CaseFailed(stage="reflect", reason=exc.reason, steps=exc.steps)
+        ctx.writer.emit(failed, case_id=case.case_id)
+        return failed
     cause = ctx.writer.emit(result, case_id=case.case_id)
     state = ctx.projection.state
     if policy.episodic:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from handlers.cases import Case
 from handlers.context import RunContext
 from handlers.policies.config import EvoMedAgentPolicy
 from handlers.policies.evo_medagent import render_prefix, rule_utility, selection_score
+from store.projection import MemoryProjection
 from store.event_types import CaseReceived, MemoryRetrieved, RetrievedEpisode, RetrievedRule, ToolGuidance
 
 
@@ -25,6 +28,34 @@ async def retrieve(ctx: RunContext, case: Case, index: int) -> MemoryRetrieved:
     return result
 
 
+def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, query: np.ndarray):
+    """Top rules by Evo-MedAgent's composite score among the nearest `candidate_pool` by cosine.
+
+    Returns (rule, relevance, utility, score) tuples, best first; ties by creation order.
+    """
+    state = proj.state
+    scored = []
+    for label, relevance in proj.rule_index.search(query, cfg.candidate_pool):
+        rule = state.rules[proj.rule_by_label[label]]
+        if case_id in rule.derived_from:  # leakage guard
+            continue
+        utility = rule_utility(rule, state.feedback_count, cfg)
+        scored.append((-selection_score(relevance, utility, rule.priority, cfg), rule.created_seq,
+                       rule, relevance, utility))
+    scored.sort(key=lambda t: (t[0], t[1]))
+    return [(r, rel, u, -neg) for neg, _, r, rel, u in scored[: cfg.top_k_rules]]
+
+
+def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, query: np.ndarray):
+    """Top episodes by cosine, excluding the case's own: (episode, relevance) tuples."""
+    out = []
+    for label, relevance in proj.episode_index.search(query, cfg.top_k_episodes + 1):
+        ep = proj.state.episodes[proj.episode_by_label[label]]
+        if ep.case_id != case_id:  # leakage guard
+            out.append((ep, relevance))
+    return out[: cfg.top_k_episodes]
+
+
 def _evo_retrieve(ctx: RunContext, cfg: EvoMedAgentPolicy, case: Case, memory_seq: int) -> MemoryRetrieved:
     proj = ctx.projection
     state = proj.state
@@ -32,29 +63,15 @@ def _evo_retrieve(ctx: RunContext, cfg: EvoMedAgentPolicy, case: Case, memory_se
 
     rules: list[RetrievedRule] = []
     if cfg.procedural and cfg.top_k_rules and len(proj.rule_index):
-        scored = []
-        for label, relevance in proj.rule_index.search(query, cfg.candidate_pool):
-            rule = state.rules[proj.rule_by_label[label]]
-            if case.case_id in rule.derived_from:  # leakage guard
-                continue
-            utility = rule_utility(rule, state.feedback_count, cfg)
-            score = selection_score(relevance, utility, rule.priority, cfg)
-            scored.append((-score, rule.created_seq, rule, relevance, utility, score))
-        scored.sort(key=lambda t: (t[0], t[1]))
         rules = [RetrievedRule(rule_id=r.rule_id, text=r.text, trigger=r.trigger, priority=r.priority,
                                relevance=_r6(rel), utility=_r6(u), score=_r6(s))
-                 for _, _, r, rel, u, s in scored[: cfg.top_k_rules]]
+                 for r, rel, u, s in select_rules(proj, cfg, case.case_id, query)]
 
     episodes: list[RetrievedEpisode] = []
     if cfg.episodic and cfg.top_k_episodes and len(proj.episode_index):
-        for label, relevance in proj.episode_index.search(query, cfg.top_k_episodes + 1):
-            ep = state.episodes[proj.episode_by_label[label]]
-            if ep.case_id == case.case_id:  # leakage guard
-                continue
-            episodes.append(RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id,
-                                             summary=ep.summary, guideline=ep.guideline,
-                                             trigger=ep.trigger, relevance=_r6(relevance)))
-        episodes = episodes[: cfg.top_k_episodes]
+        episodes = [RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary=ep.summary,
+                                     guideline=ep.guideline, trigger=ep.trigger, relevance=_r6(rel))
+                    for ep, rel in select_episodes(proj, cfg, case.case_id, query)]
 
     guidance = [ToolGuidance(tool=name, label=state.tools[name].label) for name in sorted(state.tools)]
     return MemoryRetrieved(memory_seq=memory_seq, rules=rules, episodes=episodes, tool_guidance=guidance,

@@ -188,10 +188,7 @@ class EventStore:
                     [list(c) for c in cols],
                 )
             if consumed is not None:
-                conn.execute(
-                    "INSERT OR REPLACE INTO consumer_offsets VALUES (?, ?, ?, ?)",
-                    [consumed.group_id, consumed.topic, consumed.partition, consumed.next_offset],
-                )
+                self._write_offset(conn, consumed)
             conn.execute("COMMIT")
         except ConcurrencyConflict:
             conn.execute("ROLLBACK")
@@ -212,6 +209,85 @@ class EventStore:
             with self._heads_lock:
                 self._heads[run_id] = (stored[-1].seq, stored[-1].chain)
         return stored
+
+    def append_many(self, batches: Sequence[tuple[str, Sequence[NewEvent], int]],
+                    consumed: Sequence[ConsumedOffset] = ()) -> list[list[StoredEvent]]:
+        """Several runs' batches (run_id, events, expected_seq) and Kafka positions in one transaction.
+
+        The group commit of a worker serving many runs: one INSERT and one COMMIT for all, each
+        batch still all-or-nothing (they all are). Same checks as `append`; a conflict on any
+        batch aborts them all.
+        """
+        conn = self.conn
+        conn.execute("BEGIN TRANSACTION")
+        touched: dict[str, tuple[int, str]] = {}
+        try:
+            out: list[list[StoredEvent]] = []
+            for run_id, events, expected_seq in batches:
+                head = touched.get(run_id)
+                if head is None:
+                    with self._heads_lock:
+                        head = self._heads.get(run_id)
+                    if head is None or head[0] != expected_seq:
+                        row = conn.execute("SELECT seq, chain FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                                           [run_id]).fetchone()
+                        head = (int(row[0]), row[1]) if row else (-1, GENESIS)
+                if head[0] != expected_seq:
+                    raise ConcurrencyConflict(
+                        f"run {run_id!r}: expected last seq {expected_seq}, the log is at {head[0]}; "
+                        "another writer appended first — reload and retry"
+                    )
+                stored = self._build_rows(run_id, events, head)
+                if stored:
+                    touched[run_id] = (stored[-1].seq, stored[-1].chain)
+                out.append(stored)
+            rows = [e for stored in out for e in stored]
+            if rows:
+                cols = list(zip(*[
+                    (e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
+                     canonical_json(e.payload), canonical_json(e.meta), e.chain)
+                    for e in rows
+                ]))
+                conn.execute(
+                    "INSERT INTO events SELECT * FROM (SELECT "
+                    "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
+                    "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::JSON[]), unnest(?::JSON[]), "
+                    "unnest(?::VARCHAR[]))",
+                    [list(c) for c in cols],
+                )
+            for c in consumed:
+                self._write_offset(conn, c)
+            conn.execute("COMMIT")
+        except ConcurrencyConflict:
+            conn.execute("ROLLBACK")
+            raise
+        except (duckdb.ConstraintException, duckdb.TransactionException) as exc:
+            self._rollback_quietly(conn)
+            with self._heads_lock:
+                for run_id, _, _ in batches:
+                    self._heads.pop(run_id, None)
+            raise ConcurrencyConflict(f"concurrent append to one of {len(batches)} runs ({exc})") from exc
+        except BaseException:
+            self._rollback_quietly(conn)
+            with self._heads_lock:
+                for run_id, _, _ in batches:
+                    self._heads.pop(run_id, None)
+            raise
+        with self._heads_lock:
+            self._heads.update(touched)
+        return out
+
+    def preview(self, run_id: str, events: Sequence[NewEvent], expected_seq: int) -> list[StoredEvent]:
+        """The rows `append(run_id, events, expected_seq)` would write (seqs, chain hashes), without writing.
+
+        Lets a transport publish a batch (a changelog) before committing it locally.
+        """
+        with self._heads_lock:
+            cached = self._heads.get(run_id)
+        head = cached if cached is not None and cached[0] == expected_seq else self.head(run_id)
+        if head[0] != expected_seq:
+            raise ConcurrencyConflict(f"run {run_id!r}: expected last seq {expected_seq}, the log is at {head[0]}")
+        return self._build_rows(run_id, events, head)
 
     @staticmethod
     def _rollback_quietly(conn) -> None:
@@ -376,6 +452,34 @@ class EventStore:
         finally:
             cur.close()
         return None
+
+    def save_offset(self, consumed: ConsumedOffset) -> None:
+        """Store a Kafka position that carries no events (a skipped duplicate, a restore point)."""
+        self._write_offset(self.conn, consumed)
+
+    @staticmethod
+    def _write_offset(conn, consumed: ConsumedOffset) -> None:
+        # UPDATE first: the row exists after a partition's first message, and DuckDB's
+        # INSERT OR REPLACE costs several times an UPDATE (ms per stage on the Kafka path).
+        key = [consumed.group_id, consumed.topic, consumed.partition]
+        updated = conn.execute(
+            "UPDATE consumer_offsets SET next_offset = ? WHERE group_id = ? AND topic = ? AND partition = ?",
+            [consumed.next_offset, *key],
+        ).fetchone()
+        if not updated or not updated[0]:
+            conn.execute("INSERT INTO consumer_offsets VALUES (?, ?, ?, ?)", [*key, consumed.next_offset])
+
+    def last_of_type(self, run_id: str, type_: str) -> StoredEvent | None:
+        """The run's most recent event of one type (e.g. the case now in flight)."""
+        row = self.conn.execute(
+            f"SELECT {self._COLUMNS} FROM events WHERE run_id = ? AND type = ? ORDER BY seq DESC LIMIT 1",
+            [run_id, type_],
+        ).fetchone()
+        if row is None:
+            return None
+        return StoredEvent(row[0], int(row[1]), row[2], int(row[3]), row[4],
+                           None if row[5] is None else int(row[5]),
+                           json.loads(row[6]), json.loads(row[7]), row[8])
 
     def consumer_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
         rows = self.conn.execute(

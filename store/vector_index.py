@@ -82,10 +82,10 @@ class VectorIndex:
         self._hnsw = index
 
     def _rescore(self, cand: np.ndarray, query: np.ndarray, k: int) -> list[tuple[int, float]]:
-        # Scores are recomputed in float64 over label-sorted candidates, so they do not depend
-        # on which BLAS kernel (matrix size) found the candidates: HNSW and exact agree bit for bit.
-        cand = np.unique(cand)
-        sims = self._vecs[cand].astype(np.float64) @ query.astype(np.float64)
+        # Scores are recomputed in float64, row by row (elementwise product and a per-row sum,
+        # no BLAS kernel whose blocking depends on the matrix size), so HNSW and exact search
+        # give the same score to the same item bit for bit.
+        sims = (self._vecs[cand].astype(np.float64) * query.astype(np.float64)).sum(axis=1)
         order = np.lexsort((cand, -sims))[:k]
         return [(int(cand[i]), float(sims[i])) for i in order]
 
@@ -97,7 +97,7 @@ class VectorIndex:
         if self._hnsw is not None:
             try:
                 labels, _ = self._hnsw.knn_query(query.reshape(1, -1), k=k, num_threads=1)
-                return self._rescore(labels[0].astype(np.int64), query, k)
+                return self._rescore(labels[0].astype(np.int64), query, k)  # labels are distinct
             except RuntimeError:
                 pass  # graph could not return k live items: fall back to exact
         sims = self._vecs[: self._n] @ query

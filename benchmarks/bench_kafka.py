@@ -1,0 +1,250 @@
+"""Kafka transport numbers (DESIGN §9, issue 4), against a real Apache Kafka broker.
+
+    python benchmarks/bench_kafka.py [--cases 78] [--runs 8] [--json]
+
+Starts a single-node Kafka 4.x broker from the jars of `.ci/kafka/fetch.sh` (its start time
+is reported), warms a DuckDB embedding cache with one embedded run of the cases (so the
+worker never embeds: the point is the transport, not MiniLM), then runs `grandrounds worker`
+as a separate process and measures, with the sim backbone:
+
+- end to end cases/s through the five topics, from the first produce of `submit` to the
+  last `case.completed` seen on the changelog: one run alone, then --runs runs in parallel
+  on the one worker (each run on its own partition);
+- per-stage latency p50/p99 from the worker: service (stage + DuckDB commit + changelog and
+  next-command acks) and hop (produce of the command → start of its processing);
+- restart: a worker SIGKILLed mid-run and started again (same name, same file) — seconds
+  from the new process's start to its first new changelog batch;
+- the worker's peak RSS; every run's fingerprint against the embedded runner's.
+The sim backbone's accuracy means nothing clinically; only the timings matter here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
+
+from handlers.cases import load_cases  # noqa: E402
+from handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
+from handlers.runs import RunSpec  # noqa: E402
+from store.eventstore import EventStore  # noqa: E402
+from streams.producer import submit_run  # noqa: E402
+from streams.topics import Topics, ensure_topics, partition_for  # noqa: E402
+
+PREFIX = "bench."
+TOOLS = {"ddx-lookup": 0.85}
+
+
+def run_ids(n: int, partitions: int = 8) -> list[str]:
+    """n run ids on n different partitions (so they run in parallel)."""
+    out, used, i = [], set(), 0
+    while len(out) < n:
+        rid = f"bench-{i}"
+        p = partition_for(rid, partitions)
+        if p not in used or len(used) == partitions:
+            out.append(rid)
+            used.add(p)
+        i += 1
+    return out
+
+
+class ChangelogWatch:
+    """Tails the changelog; counts completed cases per run and notes when batches arrive."""
+
+    def __init__(self, bootstrap: str, topics: Topics, partitions: int = 8):
+        self.bootstrap, self.topics, self.partitions = bootstrap, topics, partitions
+        self.completed: dict[str, int] = {}
+        self.last_batch_at = 0.0
+        self.batches = 0
+
+    async def __aenter__(self):
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False)
+        await self.consumer.start()
+        tps = [TopicPartition(self.topics.changelog, p) for p in range(self.partitions)]
+        self.consumer.assign(tps)
+        await self.consumer.seek_to_end(*tps)
+        for tp in tps:
+            await self.consumer.position(tp)
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.consumer.stop()
+
+    async def poll(self, timeout_ms: int = 100) -> None:
+        for records in (await self.consumer.getmany(timeout_ms=timeout_ms)).values():
+            for rec in records:
+                self.batches += 1
+                self.last_batch_at = time.monotonic()
+                body = json.loads(rec.value)
+                done = sum(1 for e in body["events"] if e["type"] == "case.completed")
+                if done:
+                    self.completed[body["run_id"]] = self.completed.get(body["run_id"], 0) + done
+
+    async def until(self, cond, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"benchmark stalled: {self.completed}")
+            await self.poll()
+
+
+def spawn(bootstrap: str, db: Path, log: Path, name: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "grandrounds", "worker", "--broker", f"kafka://{bootstrap}", "--db", str(db),
+           "--group", PREFIX + "g", "--topic-prefix", PREFIX, "--name", name, "--json"]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=open(log, "ab"), stdin=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def wait_ready(log: Path, marker_count: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while log.read_text(errors="replace").count("ready in") < marker_count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(log.read_text()[-2000:])
+        time.sleep(0.05)
+
+
+async def timed_runs(bootstrap: str, topics: Topics, spec, cases, ids: list[str]) -> float:
+    async with ChangelogWatch(bootstrap, topics) as watch:
+        t0 = time.monotonic()
+        await asyncio.gather(*(submit_run(bootstrap, rid, spec, cases, topics=topics) for rid in ids))
+        await watch.until(lambda: all(watch.completed.get(r, 0) >= len(cases) for r in ids), 900)
+        return time.monotonic() - t0
+
+
+async def restart_time(bootstrap: str, topics: Topics, spec, cases, db: Path, log: Path) -> dict:
+    ready_before = log.read_text(errors="replace").count("ready in")
+    worker = spawn(bootstrap, db, log, "bench-w")
+    wait_ready(log, ready_before + 1)
+    rid = "bench-restart-run"
+    async with ChangelogWatch(bootstrap, topics) as watch:
+        await submit_run(bootstrap, rid, spec, cases, topics=topics)
+        await watch.until(lambda: watch.completed.get(rid, 0) >= max(1, len(cases) // 3), 600)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        killed = time.monotonic()
+        while True:  # read everything the killed worker wrote, so the next batch is the new one's
+            before = watch.batches
+            await watch.poll(500)
+            if watch.batches == before:
+                break
+        seen = watch.batches
+        started = time.monotonic()
+        worker = spawn(bootstrap, db, log, "bench-w")
+        await watch.until(lambda: watch.batches > seen, 120)
+        back = watch.last_batch_at - started
+        await watch.until(lambda: watch.completed.get(rid, 0) >= len(cases), 600)
+    worker.send_signal(signal.SIGTERM)
+    worker.communicate(timeout=60)
+    return {"restart_to_processing_s": round(back, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=78, help="first N cases of examples/cases.jsonl (default: all 78)")
+    ap.add_argument("--runs", type=int, default=8, help="parallel runs in the second measurement")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from kafka_broker import KafkaBroker, java_executable, kafka_libs_dir
+
+    if kafka_libs_dir() is None or java_executable() is None:
+        sys.exit("needs the Kafka jars (bash .ci/kafka/fetch.sh) and java 17+")
+    work = Path(tempfile.mkdtemp(prefix="grandrounds-bench-kafka-"))
+    out: dict = {"cases": args.cases, "runs": args.runs, "backbone": "sim", "cpus": os.cpu_count(),
+                 "loadavg_start": os.getloadavg()[0]}
+    try:
+        lines = (ROOT / "examples" / "cases.jsonl").read_text(encoding="utf-8").splitlines()[: args.cases]
+        (work / "cases.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        cases, source = load_cases(work / "cases.jsonl")
+        spec = RunSpec(policy=EvoMedAgentPolicy(), tools=TOOLS, source=source)
+
+        # Warm embedding cache + the embedded runner's reference (and its speed, for scale).
+        from grandrounds.app import run_cases
+
+        warm = work / "warm.duckdb"
+        with EventStore(warm) as store:
+            run_cases(store, cases, spec, run_id="warm-up")  # embeds every text once
+            t0 = time.monotonic()
+            ref = run_cases(store, cases, spec, run_id="reference", commit="stage").summary
+            out["embedded_stage_commit_cases_per_s"] = round(len(cases) / (time.monotonic() - t0), 1)
+
+        broker = KafkaBroker()
+        broker.start()
+        out["broker_start_s"] = round(broker.start_seconds, 2)
+        try:
+            boot, topics = broker.bootstrap, Topics(PREFIX)
+            asyncio.run(ensure_topics(boot, topics, 8))
+            db = work / "worker.duckdb"
+            shutil.copyfile(warm, db)
+            log = work / "worker.log"
+            ids = run_ids(args.runs)
+            phases = [("one_run", ["bench-single"]), ("parallel_runs", ids)]
+            for n, (phase, phase_ids) in enumerate(phases, start=1):
+                # A worker per phase, so its latency figures are that phase's alone.
+                t_spawn = time.monotonic()
+                worker = spawn(boot, db, log, "bench-w")
+                wait_ready(log, n)
+                if n == 1:
+                    out["worker_start_to_ready_s"] = round(time.monotonic() - t_spawn, 2)
+                seconds = asyncio.run(timed_runs(boot, topics, spec, cases, phase_ids))
+                worker.send_signal(signal.SIGTERM)
+                stdout, _ = worker.communicate(timeout=60)
+                stats = json.loads(stdout.decode().strip().splitlines()[-1])
+                out[phase] = {"runs": len(phase_ids), "seconds": round(seconds, 2),
+                              "cases_per_s": round(len(phase_ids) * len(cases) / seconds, 1),
+                              "stage_latency_ms": stats["latency_ms"], "worker_peak_rss_mb": stats["peak_rss_mb"],
+                              "duckdb_commits": stats.get("commits"),
+                              "redeliveries_skipped": stats["skipped_redeliveries"],
+                              "embedding_cache_misses": stats.get("embedding_cache_misses")}
+
+            with EventStore(db, read_only=True) as store:
+                fps = {r: store.fingerprint(r) for r in ["bench-single", *ids]}
+            out["fingerprints_equal_embedded"] = all(f == ref["fingerprint"] for f in fps.values())
+
+            out["restart"] = asyncio.run(restart_time(boot, topics, spec, cases, db, log))
+        finally:
+            broker.stop()
+        out["loadavg_end"] = os.getloadavg()[0]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"Kafka transport, sim backbone, {args.cases} cases per run, {out['cpus']} CPUs "
+          f"(load avg {out['loadavg_start']:.1f} → {out['loadavg_end']:.1f})")
+    print(f"  broker start            {out['broker_start_s']:.2f} s")
+    print(f"  worker start → ready    {out['worker_start_to_ready_s']:.2f} s")
+    print(f"  embedded (stage commit) {out['embedded_stage_commit_cases_per_s']:.1f} cases/s (same process, no broker)")
+    for phase in ("one_run", "parallel_runs"):
+        ph = out[phase]
+        print(f"  {ph['runs']} run(s) end to end    {ph['cases_per_s']:.1f} cases/s ({ph['runs'] * args.cases} cases in "
+              f"{ph['seconds']:.1f} s; worker peak RSS {ph['worker_peak_rss_mb']:.0f} MB; DuckDB transactions "
+              f"{ph['duckdb_commits']['transactions']} for {ph['duckdb_commits']['stage_batches']} stage batches)")
+        print("    stage latency (ms)    service p50/p99      hop p50/p99")
+        for stage, lat in ph["stage_latency_ms"].items():
+            print(f"      {stage:<10} {lat['service_p50']:>10} / {lat['service_p99']:<10} {lat['hop_p50']:>8} / {lat['hop_p99']}")
+    print("    (service: stage + changelog ack + DuckDB commit + next-command ack; hop: command produced → its "
+          "processing starts;\n     retrieve's hop includes waiting for the previous case: a run's cases are all "
+          "submitted up front)")
+    print(f"  restart → processing    {out['restart']['restart_to_processing_s']:.2f} s "
+          "(new process started → its first changelog batch; SIGKILLed mid-run, same --name and file)")
+    print(f"  fingerprints = embedded {out['fingerprints_equal_embedded']}")
+
+
+if __name__ == "__main__":
+    main()

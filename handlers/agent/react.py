@@ -1,0 +1,100 @@
+"""The ReAct loop for MCQ cases: bounded steps, corrective observations, always an ending.
+
+Each step renders the prompt (memory block + case + guarded history), asks the model once
+through the gateway, and parses the turn. A tool turn runs the tool; a broken turn gets a
+corrective observation; a valid response ends the loop. On the last step tools are
+forbidden, and if the output still breaks the protocol its tag-stripped text is aligned to
+an option (SkeMex's fallback). If even that fails, `CaseFailure` carries the trajectory.
+The recorded trajectory (`AgentStep`s) is complete: trimming is only in the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from handlers.agent.guard import GuardConfig, HistoryTurn, render
+from handlers.agent.protocol import fallback_answer, parse_turn
+from handlers.backbones.base import CaseFailure
+from handlers.cases import CaseView
+from handlers.llm.errors import LLMUnavailable
+from handlers.llm.gateway import LLMGateway
+from handlers.llm.recorder import Recorder
+from handlers.tools import ToolBox
+from store.event_types import AgentStep, AnswerGiven, MemoryRetrieved, ToolCall
+
+
+SYSTEM = """You are a clinical reasoning agent answering a multiple-choice case.
+Every turn: first <reasoning>...</reasoning>, then exactly ONE action:
+  <tool>{{"name": "<tool name>", "arguments": {{}}}}</tool>   to call one tool, or
+  <response>LETTER</response>   to give the final answer (one option letter).
+Only one tool per turn. You have at most {max_steps} turns; on the last one tools are disabled.
+Available tools: {tools}"""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    max_steps: int = 7
+    guard: GuardConfig = GuardConfig()
+
+
+def task_prompt(view: CaseView, memory: MemoryRetrieved) -> str:
+    options = "\n".join(f"{k}) {v}" for k, v in view.options.items())
+    block = f"## Memory\n{memory.prefix}\n\n" if memory.prefix else ""
+    return f"{block}## Case (category: {view.category})\n{view.question}\n\nOptions:\n{options}"
+
+
+def tools_line(toolbox: ToolBox, memory: MemoryRetrieved) -> str:
+    if not toolbox.names:
+        return "none — answer with <response>."
+    labels = {g.tool: g.label for g in memory.tool_guidance}
+    return "; ".join(f"{n} (governance: {labels.get(n, 'Caution')}; returns the option letter it supports)"
+                     for n in toolbox.names)
+
+
+async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetrieved, toolbox: ToolBox,
+                        recorder: Recorder, cfg: AgentConfig = AgentConfig()) -> AnswerGiven:
+    system = SYSTEM.format(max_steps=cfg.max_steps, tools=tools_line(toolbox, memory))
+    task = task_prompt(view, memory)  # rendered each step from memory; never part of the history
+    labels = {g.tool: g.label for g in memory.tool_guidance}
+    history: list[HistoryTurn] = []
+    steps: list[AgentStep] = []
+    outputs: list[tuple[str, str | None]] = []
+    for step in range(1, cfg.max_steps + 1):
+        final = step == cfg.max_steps
+        messages = render(system, task, history, step, final, cfg.guard)
+        try:
+            reply = await gateway.complete(messages, recorder, f"react-step-{step}")
+        except LLMUnavailable as exc:
+            raise CaseFailure(f"model unavailable at step {step}: {exc}", steps) from None
+        turn = parse_turn(reply.text, view.options, toolbox.names, tools_allowed=not final)
+        steps.append(AgentStep(kind="reasoning", content=turn.reasoning or reply.text))
+        if turn.kind == "response":
+            return _answer(turn.answer, "llm", steps, outputs, labels)
+        if final:
+            letter = fallback_answer(reply.text, view.options)
+            if letter is not None:
+                steps.append(AgentStep(kind="observation", content="final step: answer taken from untagged output"))
+                return _answer(letter, "llm:fallback", steps, outputs, labels)
+            steps.append(AgentStep(kind="observation", content=turn.error or "no answer"))
+            raise CaseFailure(f"no valid answer after {cfg.max_steps} steps", steps)
+        if turn.kind == "tool":
+            out = toolbox.call(turn.tool)
+            observation = f"{turn.tool} -> {out if out else 'no result'}"
+            outputs.append((turn.tool, out))
+            steps.append(AgentStep(kind="tool", content=json.dumps({"name": turn.tool, "arguments": turn.arguments},
+                                                                   sort_keys=True)))
+            finding = out is not None
+        else:
+            observation, finding = turn.error or "format error", False
+        steps.append(AgentStep(kind="observation", content=observation))
+        history.append(HistoryTurn(reply.text, observation, turn.signature, finding))
+    raise CaseFailure(f"no valid answer after {cfg.max_steps} steps", steps)  # max_steps < 1
+
+
+def _answer(letter: str, source: str, steps: list[AgentStep], outputs: list[tuple[str, str | None]],
+            labels: dict[str, str]) -> AnswerGiven:
+    steps.append(AgentStep(kind="response", content=letter))
+    calls = [ToolCall(tool=t, label=labels.get(t, "Caution"), output=o, adopted=o is not None and o == letter)
+             for t, o in outputs]
+    return AnswerGiven(answer=letter, source=source, steps=steps, tool_calls=calls)

@@ -1,0 +1,49 @@
+"""Building the `openai` / `record` backbone: endpoint, key, transport, gateway, agent settings."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from handlers.agent.react import AgentConfig
+from handlers.backbones import BackboneUnavailable
+from handlers.backbones.openai_backbone import OpenAIBackbone
+from handlers.llm.gateway import LLMGateway, RetryPolicy
+from handlers.llm.record import RecordedExchanges, RecordedTransport
+from handlers.llm.transport import OpenAITransport
+
+OPENAI_NOTE = "openai backbone: model {model} at {where}"
+RECORD_NOTE = "record backend: model {model}'s exchanges served from run {run}{live} — no live model calls"
+
+
+def live_transport(base_url: str | None, api_key: str | None, timeout: float) -> OpenAITransport:
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+    key = api_key or os.environ.get("OPENAI_API_KEY")
+    if not key:
+        if base_url is None:
+            raise BackboneUnavailable("the openai backbone needs OPENAI_API_KEY (or --base-url for a local server)")
+        key = "not-needed"  # vLLM, Ollama and LM Studio accept any key
+    return OpenAITransport(base_url, key, timeout)
+
+
+def build_model_backbone(name: str, model: str | None, *, base_url: str | None = None, api_key: str | None = None,
+                         timeout: float = 60.0, retry: RetryPolicy | None = None,
+                         params: dict[str, Any] | None = None, max_steps: int = 7, structured: str = "auto",
+                         recorded: RecordedExchanges | None = None, live_fallthrough: bool = False,
+                         **_ignored: Any) -> OpenAIBackbone:
+    if not model:
+        raise BackboneUnavailable(f"the {name} backbone needs --model")
+    if name == "record" and recorded is None:
+        raise BackboneUnavailable("the record backend needs a recorded run to serve (--record-from RUN)")
+    if recorded is not None:
+        live = live_transport(base_url, api_key, timeout) if live_fallthrough else None
+        transport = RecordedTransport(recorded, live)
+        note = RECORD_NOTE.format(model=model, run=recorded.source_run,
+                                  live=" (live fall-through on a miss)" if live_fallthrough else "")
+    else:
+        transport = live_transport(base_url, api_key, timeout)
+        where = base_url or os.environ.get("OPENAI_BASE_URL") or "api.openai.com"
+        note = OPENAI_NOTE.format(model=model, where=where)
+    gateway = LLMGateway(transport, model, params=dict(params) if params else {"temperature": 0.0},
+                         retry=retry or RetryPolicy())
+    return OpenAIBackbone(gateway, note, AgentConfig(max_steps=max_steps), structured)  # type: ignore[arg-type]

@@ -1,0 +1,101 @@
+"""The `openai` backbone: a ReAct agent and a structured reflector over `LLMGateway`.
+
+Works with any OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, LM Studio). Served from a
+recorded run, the same class is the `record` backend: only the gateway's transport differs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from handlers.agent.react import AgentConfig, run_mcq_agent
+from handlers.backbones.base import CaseFailure
+from handlers.cases import Case, CaseView
+from handlers.llm.errors import LLMUnavailable, StructuredOutputError
+from handlers.llm.gateway import LLMGateway
+from handlers.llm.recorder import Recorder
+from handlers.llm.structured import Mode, structured
+from handlers.tools import ToolBox
+from store.event_types import AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded, RuleEditProposal
+
+
+class EditDraft(BaseModel):
+    """A rule edit as the model proposes it (lenient at the boundary; checked by `reflect`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    op: Literal["add", "edit", "reprioritise", "retire"]
+    rule_id: str | None = None
+    text: str | None = None
+    trigger: list[str] | None = None
+    priority: Literal[0, 1, 2] | None = None
+    reason: str = ""
+
+
+class ReflectionDraft(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    summary: str = Field(description="One or two sentences: what was asked, what was answered, what was right.")
+    guideline: str = Field(description="A reusable, case-independent guideline for similar presentations.")
+    edits: list[EditDraft] = Field(default_factory=list, description="Patch-style edits to the procedural rules.")
+
+
+REFLECT_SYSTEM = """You maintain the procedural memory of a clinical reasoning agent.
+After each case you see the case, the agent's answer and trajectory, the correct answer, and the rules
+that were shown to the agent. Write a short summary, one reusable guideline, and patch-style rule edits:
+  add (text, trigger key terms, priority 0 = most urgent .. 2), edit (rule_id, new text),
+  reprioritise (rule_id, priority), retire (rule_id). Propose no edit when memory is already right.
+Rules must be general clinical knowledge, never mention this case's identifiers."""
+
+
+def reflection_prompt(case: Case, memory: MemoryRetrieved, answer: AnswerGiven, fb: FeedbackRecorded) -> str:
+    options = "\n".join(f"{k}) {v}" for k, v in case.options.items())
+    rules = "\n".join(f"- {r.rule_id} [P{r.priority}] {r.text}" for r in memory.rules) or "(none)"
+    trace = "\n".join(f"{s.kind}: {s.content}" for s in answer.steps)
+    verdict = "correct" if fb.correct else "wrong"
+    return (f"## Case (category: {case.category})\n{case.question}\n\nOptions:\n{options}\n\n"
+            f"## Rules shown to the agent\n{rules}\n\n## Agent trajectory\n{trace}\n\n"
+            f"## Outcome\nAgent answered {answer.answer}; correct answer: {case.answer}) "
+            f"{case.options[case.answer]} ({verdict}).")
+
+
+class OpenAIBackbone:
+    name = "openai"
+    records_exchanges = True
+
+    def __init__(self, gateway: LLMGateway, note: str, agent: AgentConfig = AgentConfig(),
+                 structured_mode: Mode = "auto"):
+        self.gateway = gateway
+        self.model = gateway.model
+        self.note = note
+        self.agent = agent
+        self.structured_mode = structured_mode
+
+    async def act(self, view: CaseView, memory: MemoryRetrieved, toolbox: ToolBox, rng: np.random.Generator,
+                  recorder: Recorder | None = None) -> AnswerGiven:
+        if recorder is None:
+            raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
+        try:
+            return await run_mcq_agent(self.gateway, view, memory, toolbox, recorder, self.agent)
+        except LLMUnavailable as exc:
+            raise CaseFailure(f"model unavailable: {exc}") from None
+
+    async def reflect(self, case: Case, memory: MemoryRetrieved, answer: AnswerGiven, feedback: FeedbackRecorded,
+                      recorder: Recorder | None = None) -> ReflectionRecorded:
+        if recorder is None:
+            raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
+        messages = [{"role": "system", "content": REFLECT_SYSTEM},
+                    {"role": "user", "content": reflection_prompt(case, memory, answer, feedback)}]
+        try:
+            draft = await structured(self.gateway, messages, ReflectionDraft, recorder, "reflection",
+                                     self.structured_mode)
+        except (LLMUnavailable, StructuredOutputError) as exc:
+            raise CaseFailure(f"reflection failed: {exc}") from None
+        edits = [RuleEditProposal(**e.model_dump()) for e in draft.edits]
+        return ReflectionRecorded(summary=draft.summary, guideline=draft.guideline, edits=edits)
+
+    async def aclose(self) -> None:
+        await self.gateway.aclose()

@@ -1,0 +1,1 @@
+"""Environments: adapters that turn benchmark data into cases (and own tools and grading)."""

@@ -1,0 +1,88 @@
+"""`audit diff`: two runs' memories side by side (typically two orders, or two policies, of one stream).
+
+Item ids are per-run counters (rule-00012 of one order is not rule-00012 of another), so
+items are matched by content: rules by text, episodes by the case they came from, tools by
+name. Reported: items only in one run, and items in both whose utility or status differ.
+"""
+
+from __future__ import annotations
+
+from replay.audit_common import memory_at, utility_of
+from replay.caselog import require_spec
+from replay.stats import outcomes_of, summarise
+from store.eventstore import EventStore
+
+
+def _keyed_rules(state, policy) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for r in state.rules.values():  # creation order: a re-added text gets a numbered key
+        key, n = r.text, 1
+        while key in out:
+            n += 1
+            key = f"{r.text} (#{n})"
+        out[key] = {"id": r.rule_id, "status": r.status, "priority": r.priority,
+                    "utility": utility_of(r, state, policy), "selected": r.selected, "source_case_id": r.source_case_id}
+    return out
+
+
+def _compare(a: dict[str, dict], b: dict[str, dict], fields: tuple[str, ...]) -> dict:
+    only_a = [{"key": k, "a": a[k]} for k in a if k not in b]
+    only_b = [{"key": k, "b": b[k]} for k in b if k not in a]
+    changed, same = [], 0
+    for k in a:
+        if k in b:
+            diffs = [f for f in fields if a[k].get(f) != b[k].get(f)]
+            if diffs:
+                changed.append({"key": k, "fields": diffs, "a": a[k], "b": b[k]})
+            else:
+                same += 1
+    return {"summary": {"only_a": len(only_a), "only_b": len(only_b), "changed": len(changed), "same": same},
+            "only_a": only_a, "only_b": only_b, "changed": changed}
+
+
+def same_log(store: EventStore, run_a: str, run_b: str, events_a: int, events_b: int) -> bool:
+    """Whether two runs have the same (seq, type, payload) events, i.e. the same fingerprint."""
+    if events_a != events_b:
+        return False
+    matching = store.conn.execute(
+        "SELECT count(*) FROM events a JOIN events b ON a.seq = b.seq AND a.type = b.type "
+        "AND CAST(a.payload AS VARCHAR) = CAST(b.payload AS VARCHAR) WHERE a.run_id = ? AND b.run_id = ?",
+        [run_a, run_b]).fetchone()[0]
+    return int(matching) == events_a
+
+
+def diff(store: EventStore, run_a: str, run_b: str, limit: int | None = None) -> dict:
+    spec_a, spec_b = require_spec(store, run_a), require_spec(store, run_b)
+    sa, sb = memory_at(store, run_a), memory_at(store, run_b)
+    rules = _compare(_keyed_rules(sa, spec_a.policy), _keyed_rules(sb, spec_b.policy), ("status", "utility"))
+    episodes = _compare(
+        {e.case_id: {"id": e.episode_id, "status": "stored", "correct": e.correct, "answer": e.answer}
+         for e in sa.episodes.values()},
+        {e.case_id: {"id": e.episode_id, "status": "stored", "correct": e.correct, "answer": e.answer}
+         for e in sb.episodes.values()},
+        ("status", "correct"))
+    tools = _compare(
+        {t.name: {"id": t.name, "status": t.label, "total": t.total, "helpful": t.helpful} for t in sa.tools.values()},
+        {t.name: {"id": t.name, "status": t.label, "total": t.total, "helpful": t.helpful} for t in sb.tools.values()},
+        ("status",))
+    kinds = {"rules": rules, "episodes": episodes, "tools": tools}
+    if limit:
+        for body in kinds.values():
+            for part in ("only_a", "only_b", "changed"):
+                body[part] = body[part][:limit]
+
+    def run_info(run_id: str, spec, state) -> dict:
+        s = summarise(outcomes_of(store, run_id))
+        return {"run_id": run_id, "policy": spec.policy.name, "backbone": spec.backbone, "cases": s["cases"],
+                "accuracy": s["accuracy"], "events": store.last_seq(run_id) + 1,
+                "rules_active": len(state.active_rules()), "episodes": len(state.episodes)}
+
+    a_info, b_info = run_info(run_a, spec_a, sa), run_info(run_b, spec_b, sb)
+    return {
+        "run_a": run_a,
+        "run_b": run_b,
+        "summary": {k: v["summary"] for k, v in kinds.items()},
+        "identical": same_log(store, run_a, run_b, a_info["events"], b_info["events"]),
+        "runs": {"a": a_info, "b": b_info},
+        **kinds,
+    }

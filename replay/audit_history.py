@@ -1,0 +1,248 @@
+"""`audit history`: every event that touched one memory item, in order, with utility over time.
+
+For a rule: which case and reflection created it, each patch, each priority change (a
+near-duplicate proposal escalating it is a merge; a demotion or retirement is its
+deprecation), every case that retrieved it with the rank and scores it had then, whether the
+agent followed it, the case's outcome, and its utility after each feedback. For an episode:
+its creation and every retrieval and use. For a tool: label changes and every call.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+
+from handlers.policies.config import EvoMedAgentPolicy
+from handlers.policies.evo_medagent import rule_utility
+from replay.audit_common import AuditInputError, case_indexes, short
+from replay.caselog import require_spec
+from store.eventstore import EventStore
+from store.memory_state import Rule
+
+RULE_TYPES = ("rule.added", "rule.edited", "rule.priority_changed", "rule.retired")
+
+
+def _rows(store: EventStore, sql: str, params: list) -> list[tuple[int, str, str | None, int | None, dict]]:
+    rows = store.conn.execute(
+        f"SELECT seq, type, case_id, causation_seq, payload FROM events WHERE run_id = ? AND ({sql}) ORDER BY seq",
+        params).fetchall()
+    return [(int(r[0]), r[1], r[2], None if r[3] is None else int(r[3]), json.loads(r[4])) for r in rows]
+
+
+def item_kind(store: EventStore, run_id: str, item: str) -> str:
+    q = ("SELECT 1 FROM events WHERE run_id = ? AND type = ? AND payload->>? = ? LIMIT 1")
+    if store.conn.execute(q, [run_id, "rule.added", "$.rule_id", item]).fetchone():
+        return "rule"
+    if store.conn.execute(q, [run_id, "episode.stored", "$.episode_id", item]).fetchone():
+        return "episode"
+    started = store.read(run_id, upto_seq=0)
+    tools = started[0].payload.get("tools", {}) if started else {}
+    if item in tools or store.conn.execute(q, [run_id, "tool.label_changed", "$.tool", item]).fetchone():
+        return "tool"
+    raise AuditInputError(f"run {run_id!r} has no memory item {item!r} "
+                          "(a rule id like rule-00012, an episode id like ep-00003, or a tool name)")
+
+
+def history(store: EventStore, run_id: str, item: str) -> dict:
+    spec = require_spec(store, run_id)
+    kind = item_kind(store, run_id, item)
+    indexes = case_indexes(store, run_id)
+    if kind == "rule":
+        body = _rule_history(store, run_id, item, spec.policy, indexes)
+    elif kind == "episode":
+        body = _episode_history(store, run_id, item, indexes)
+    else:
+        body = _tool_history(store, run_id, item, indexes)
+    return {"run_id": run_id, "item": item, "kind": kind, **body}
+
+
+def _outcomes_by_case(store: EventStore, run_id: str, case_ids: list[str]) -> dict[str, dict]:
+    """answer.given and feedback.recorded of the given cases, by case id."""
+    if not case_ids:
+        return {}
+    rows = store.conn.execute(
+        "SELECT case_id, type, payload FROM events WHERE run_id = ? AND type IN ('answer.given', 'feedback.recorded') "
+        "AND case_id IN (SELECT unnest(?::VARCHAR[]))", [run_id, case_ids]).fetchall()
+    out: dict[str, dict] = {}
+    for cid, type_, payload in rows:
+        out.setdefault(cid, {})[type_] = json.loads(payload)
+    return out
+
+
+def _use_entry(seq: int, cid: str, indexes: dict, rank: int, scores: dict, ref: str, outcome: dict) -> dict:
+    answer = outcome.get("answer.given", {})
+    fb = outcome.get("feedback.recorded", {})
+    return {
+        "seq": seq, "event": "retrieved", "case_id": cid, "case_index": indexes.get(cid), "rank": rank, **scores,
+        "followed": answer.get("source") == ref, "answer": answer.get("answer"), "answer_source": answer.get("source"),
+        "gold": fb.get("gold"), "correct": fb.get("correct"),
+    }
+
+
+def _rule_history(store: EventStore, run_id: str, rule_id: str, policy, indexes: dict) -> dict:
+    needle = f'"rule_id":{json.dumps(rule_id)}'
+    rows = _rows(store,
+                 "(type IN (SELECT unnest(?::VARCHAR[])) AND payload->>'$.rule_id' = ?) "
+                 "OR (type IN ('memory.retrieved', 'feedback.recorded') AND contains(CAST(payload AS VARCHAR), ?))",
+                 [run_id, list(RULE_TYPES), rule_id, needle])
+    feedback_seqs = [int(r[0]) for r in store.conn.execute(
+        "SELECT seq FROM events WHERE run_id = ? AND type = 'feedback.recorded' ORDER BY seq", [run_id]).fetchall()]
+    retrieved_cases = [cid for _, t, cid, _, _ in rows if t == "memory.retrieved"]
+    outcomes = _outcomes_by_case(store, run_id, retrieved_cases)
+    causes = [c for _, t, _, c, _ in rows if t in RULE_TYPES and c is not None]
+    reflections = {int(r[0]): json.loads(r[1]) for r in store.conn.execute(
+        "SELECT seq, payload FROM events WHERE run_id = ? AND seq IN (SELECT unnest(?::BIGINT[]))",
+        [run_id, causes]).fetchall()} if causes else {}
+
+    ref = f"rule:{rule_id}"
+    rule: Rule | None = None
+    events, utility = [], []
+    for seq, type_, cid, cause, p in rows:
+        base = {"seq": seq, "case_id": cid, "case_index": indexes.get(cid)}
+        if type_ == "rule.added":
+            rule = Rule(rule_id, p["text"], list(p["trigger"]), p["priority"], p["source_case_id"], seq)
+            refl = reflections.get(cause, {})
+            edit = next((e for e in refl.get("edits", []) if e.get("op") == "add" and e.get("text") == p["text"]), {})
+            events.append({**base, "event": "created", "text": p["text"], "trigger": p["trigger"],
+                           "priority": p["priority"], "reflection_seq": cause,
+                           "reflection_summary": refl.get("summary"), "reason": edit.get("reason")})
+        elif type_ == "rule.edited":
+            events.append({**base, "event": "patched", "old_text": rule.text if rule else None, "text": p["text"],
+                           "reason": p.get("reason", ""), "reflection_seq": cause})
+            if rule:
+                rule.text = p["text"]
+        elif type_ == "rule.priority_changed":
+            merged = p.get("reason", "").startswith("near-duplicate")
+            kind = "merged" if merged else ("demoted" if p["new"] > p["old"] else "escalated")
+            events.append({**base, "event": kind, "old_priority": p["old"], "priority": p["new"],
+                           "reason": p.get("reason", ""), "reflection_seq": cause})
+        elif type_ == "rule.retired":
+            events.append({**base, "event": "retired", "reason": p.get("reason", ""), "reflection_seq": cause})
+        elif type_ == "memory.retrieved":
+            for rank, r in enumerate(p.get("rules", []), start=1):
+                if r["rule_id"] == rule_id:
+                    scores = {"relevance": r["relevance"], "utility": r["utility"], "score": r["score"],
+                              "priority": r["priority"]}
+                    events.append(_use_entry(seq, cid, indexes, rank, scores, ref, outcomes.get(cid, {})))
+        elif type_ == "feedback.recorded":
+            for o in p.get("rule_outcomes", []):
+                if o["rule_id"] == rule_id and rule is not None:
+                    rule.selected += 1
+                    rule.helpful += int(o["helpful"])
+                    rule.harmful += int(not o["helpful"])
+                    events.append({**base, "event": "feedback", "helpful": o["helpful"], "correct": p["correct"]})
+                    if isinstance(policy, EvoMedAgentPolicy):
+                        n = bisect.bisect_right(feedback_seqs, seq)
+                        utility.append({"seq": seq, "case_index": indexes.get(cid),
+                                        "utility": round(rule_utility(rule, n, policy), 6),
+                                        "selected": rule.selected, "helpful": rule.helpful})
+    uses = [e for e in events if e["event"] == "retrieved"]
+    final_utility = None
+    if rule is not None and isinstance(policy, EvoMedAgentPolicy):
+        final_utility = round(rule_utility(rule, len(feedback_seqs), policy), 6)
+    created = next((e for e in events if e["event"] == "created"), None)
+    return {
+        "summary": {
+            "created_by_case": created["case_id"] if created else None,
+            "created_at_case_index": created["case_index"] if created else None,
+            "retrieved": len(uses), "followed": sum(e["followed"] for e in uses),
+            "followed_correct": sum(1 for e in uses if e["followed"] and e["correct"]),
+            "patches": sum(e["event"] == "patched" for e in events),
+            "merges": sum(e["event"] == "merged" for e in events),
+            "status": "retired" if any(e["event"] == "retired" for e in events) else "active",
+            "utility_now": final_utility,
+            "text_now": rule.text if rule else None,
+        },
+        "events": events,
+        "utility": utility,
+    }
+
+
+def _episode_history(store: EventStore, run_id: str, episode_id: str, indexes: dict) -> dict:
+    needle = f'"episode_id":{json.dumps(episode_id)}'
+    ref = f"episode:{episode_id}"
+    rows = _rows(store, "(type IN ('episode.stored', 'memory.retrieved') AND contains(CAST(payload AS VARCHAR), ?))",
+                 [run_id, needle])
+    outcomes = _outcomes_by_case(store, run_id, [cid for _, t, cid, _, _ in rows if t == "memory.retrieved"])
+    events = []
+    for seq, type_, cid, cause, p in rows:
+        if type_ == "episode.stored" and p["episode_id"] == episode_id:
+            events.append({"seq": seq, "event": "created", "case_id": cid, "case_index": indexes.get(cid),
+                           "reflection_seq": cause, "correct": p["correct"], "answer": p["answer"], "gold": p["gold"],
+                           "summary": p["summary"], "guideline": p["guideline"]})
+        elif type_ == "memory.retrieved":
+            for rank, e in enumerate(p.get("episodes", []), start=1):
+                if e["episode_id"] == episode_id:
+                    events.append(_use_entry(seq, cid, indexes, rank, {"relevance": e["relevance"]}, ref,
+                                             outcomes.get(cid, {})))
+    uses = [e for e in events if e["event"] == "retrieved"]
+    created = next((e for e in events if e["event"] == "created"), None)
+    return {
+        "summary": {"created_by_case": created["case_id"] if created else None,
+                    "created_at_case_index": created["case_index"] if created else None,
+                    "retrieved": len(uses), "followed": sum(e["followed"] for e in uses),
+                    "followed_correct": sum(1 for e in uses if e["followed"] and e["correct"]),
+                    "status": "stored"},
+        "events": events,
+        "utility": [],
+    }
+
+
+def _tool_history(store: EventStore, run_id: str, tool: str, indexes: dict) -> dict:
+    needle = f'"tool":{json.dumps(tool)}'
+    rows = _rows(store, "type IN ('tool.label_changed', 'answer.given', 'feedback.recorded') "
+                        "AND contains(CAST(payload AS VARCHAR), ?)", [run_id, needle])
+    events = []
+    for seq, type_, cid, _, p in rows:
+        base = {"seq": seq, "case_id": cid, "case_index": indexes.get(cid)}
+        if type_ == "tool.label_changed" and p["tool"] == tool:
+            events.append({**base, "event": "relabelled", "old": p["old"], "new": p["new"], "n": p["n"],
+                           "helpful": p["helpful"], "harmful": p["harmful"], "misuse": p["misuse"]})
+        elif type_ == "answer.given":
+            for c in p.get("tool_calls", []):
+                if c["tool"] == tool:
+                    events.append({**base, "event": "called", "label": c["label"], "output": c["output"],
+                                   "adopted": c["adopted"]})
+        elif type_ == "feedback.recorded":
+            for o in p.get("tool_outcomes", []):
+                if o["tool"] == tool:
+                    events.append({**base, "event": "outcome", "outcome": o["outcome"], "correct": p["correct"]})
+    labels = [e for e in events if e["event"] == "relabelled"]
+    return {
+        "summary": {"calls": sum(e["event"] == "called" for e in events),
+                    "label_now": labels[-1]["new"] if labels else "Caution",
+                    "relabelled": len(labels),
+                    "outcomes": {k: sum(1 for e in events if e.get("outcome") == k)
+                                 for k in ("helpful", "harmful", "misuse", "neutral")}},
+        "events": events,
+        "utility": [],
+    }
+
+
+def describe(entry: dict) -> str:
+    """One human line for a history entry."""
+    e = entry["event"]
+    where = f"case #{entry.get('case_index')} {entry.get('case_id')}"
+    if e == "created":
+        extra = f"P{entry['priority']} " if "priority" in entry else ""
+        return f"created by {where} (reflection seq {entry.get('reflection_seq')}): {extra}{short(entry.get('text') or entry.get('guideline') or '', 90)}"
+    if e == "patched":
+        return f"patched by {where}: {short(entry['text'], 80)} — {entry['reason']}"
+    if e in ("merged", "demoted", "escalated"):
+        return f"{e} by {where}: P{entry['old_priority']} → P{entry['priority']} — {short(entry['reason'], 70)}"
+    if e == "retired":
+        return f"retired by {where} — {entry['reason']}"
+    if e == "retrieved":
+        scores = " ".join(f"{k} {entry[k]:.3f}" for k in ("relevance", "utility", "score") if k in entry)
+        used = "FOLLOWED" if entry["followed"] else "not followed"
+        ok = {True: "correct", False: "wrong", None: "no outcome"}[entry["correct"]]
+        return f"retrieved for {where} rank {entry['rank']} ({scores}); {used}; case {ok}"
+    if e == "feedback":
+        return f"feedback on {where}: {'helpful' if entry['helpful'] else 'harmful'}"
+    if e == "relabelled":
+        return f"relabelled after {where}: {entry['old']} → {entry['new']} (n={entry['n']})"
+    if e == "called":
+        return f"called on {where} as {entry['label']}: output {entry['output']}{' (adopted)' if entry['adopted'] else ''}"
+    if e == "outcome":
+        return f"outcome on {where}: {entry['outcome']}"
+    return f"{e} {where}"

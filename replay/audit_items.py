@@ -1,0 +1,83 @@
+"""`audit items`: a run's memory as it was at a point of the stream (time travel)."""
+
+from __future__ import annotations
+
+from replay.audit_common import AsOf, AuditInputError, memory_at, resolve_as_of, utility_of
+from replay.caselog import require_spec
+from store.eventstore import EventStore
+from store.memory_state import MemoryState
+
+KINDS = ("rule", "episode", "tool")
+
+
+def items(store: EventStore, run_id: str, as_of_case: int | None = None, as_of_seq: int | None = None,
+          kinds: list[str] | None = None, status: str | None = None, sort: str = "id",
+          limit: int | None = None) -> dict:
+    kinds = list(kinds or KINDS)
+    for k in kinds:
+        if k not in KINDS:
+            raise AuditInputError(f"unknown --kind {k!r} (one of {', '.join(KINDS)})")
+    if sort not in ("id", "utility"):
+        raise AuditInputError("--sort is id or utility")
+    spec = require_spec(store, run_id)
+    at = resolve_as_of(store, run_id, as_of_case, as_of_seq)
+    state = memory_at(store, run_id, at.seq)
+    return render_items(run_id, spec.policy, state, at, kinds, status, sort, limit)
+
+
+def rule_item(rule, state: MemoryState, policy) -> dict:
+    return {
+        "kind": "rule", "id": rule.rule_id, "status": rule.status, "priority": rule.priority,
+        "utility": utility_of(rule, state, policy),
+        "selected": rule.selected, "helpful": rule.helpful, "harmful": rule.harmful,
+        "text": rule.text, "trigger": rule.trigger, "source_case_id": rule.source_case_id,
+        "created_seq": rule.created_seq, "derived_from": rule.derived_from, "edits": rule.edits,
+    }
+
+
+def episode_item(ep) -> dict:
+    return {
+        "kind": "episode", "id": ep.episode_id, "status": "stored", "case_id": ep.case_id,
+        "answer": ep.answer, "gold": ep.gold, "correct": ep.correct, "summary": ep.summary,
+        "guideline": ep.guideline, "trigger": ep.trigger, "created_seq": ep.created_seq,
+    }
+
+
+def tool_item(t) -> dict:
+    return {"kind": "tool", "id": t.name, "status": t.label, "label": t.label, "helpful": t.helpful,
+            "harmful": t.harmful, "misuse": t.misuse, "total": t.total}
+
+
+def render_items(run_id: str, policy, state: MemoryState, at: AsOf, kinds: list[str], status: str | None,
+                 sort: str, limit: int | None) -> dict:
+    out: list[dict] = []
+    if "rule" in kinds:
+        rules = [rule_item(r, state, policy) for r in state.rules.values()]
+        if status:
+            rules = [r for r in rules if r["status"] == status]
+        if sort == "utility":
+            rules.sort(key=lambda r: (-(r["utility"] or 0.0), r["id"]))
+        out += rules
+    if "episode" in kinds and status in (None, "stored"):
+        out += [episode_item(e) for e in state.episodes.values()]
+    if "tool" in kinds:
+        out += [tool_item(state.tools[n]) for n in sorted(state.tools) if status in (None, state.tools[n].label)]
+    total = len(out)
+    if limit:
+        out = out[:limit]
+    active = state.active_rules()
+    return {
+        "run_id": run_id,
+        "as_of": at.as_dict(),
+        "counts": {
+            "rules_active": len(active),
+            "rules_retired": sum(1 for r in state.rules.values() if r.status == "retired"),
+            "episodes": len(state.episodes),
+            "tools": {n: state.tools[n].label for n in sorted(state.tools)},
+            "feedback": state.feedback_count,
+            "cases_completed": state.cases_completed,
+            "correct": state.correct,
+        },
+        "total": total,
+        "items": out,
+    }

@@ -1,0 +1,36 @@
+"""A recorded run as replay input: its spec (the first event) and its case log.
+
+A run's case log is its `case.received` events in seq order; each carries the whole
+validated case, so a run can be re-executed, or re-ordered, from its own log alone.
+"""
+
+from __future__ import annotations
+
+from handlers.cases import Case
+from handlers.runs import RunSpec, read_spec
+from store.event_types import CaseReceived
+from store.eventstore import EventStore
+
+
+class UnknownRun(LookupError):
+    """The named run has no events in this file (bad input: exit code 2)."""
+
+
+def require_spec(store: EventStore, run_id: str) -> RunSpec:
+    spec = read_spec(store, run_id)
+    if spec is None:
+        known = [r.run_id for r in store.runs()]
+        hint = (f"runs in {store.path}: {', '.join(known[:8])}{' …' if len(known) > 8 else ''}"
+                if known else f"{store.path} holds no runs")
+        raise UnknownRun(f"no run {run_id!r} in {store.path} ({hint})")
+    return spec
+
+
+def case_log(store: EventStore, run_id: str) -> list[Case]:
+    """The cases of a run in the order it received them."""
+    cases = []
+    for e in store.iter(run_id, types=[CaseReceived.event_type]):
+        received = e.decode()
+        assert isinstance(received, CaseReceived)
+        cases.append(Case.model_validate(received.case))
+    return cases

@@ -1,0 +1,84 @@
+"""Counterfactual replays: the same case log under another policy, an ablation, another backbone.
+
+An ablation is a named switch over the policy's fields (the Evo-MedAgent paper's S-only /
+E-only table and the other switches DESIGN §6 lists); `--set KEY=VALUE` changes any other
+field. Everything is validated by the policy model, so a typo is bad input, not a silent
+no-op.
+"""
+
+from __future__ import annotations
+
+import json
+
+from handlers.policies.config import EvoMedAgentPolicy, PolicyConfig, PolicyError, policy_from_dict, policy_to_dict
+from handlers.runs import RunSpec
+from store.canonical import content_hash
+
+ABLATIONS: dict[str, dict] = {
+    "no-writing": {"writing": False},
+    "no-governance": {"governance": False},
+    "no-valuation": {"w_utility": 0.0},
+    "similarity-only": {"w_utility": 0.0, "w_priority": 0.0},
+    "procedural-only": {"episodic": False},
+    "episodic-only": {"procedural": False},
+}
+"""Switch name -> Evo-MedAgent fields it sets."""
+
+
+class CounterfactualError(ValueError):
+    """A policy override that cannot apply (bad input: exit code 2)."""
+
+
+def _parse_value(raw: str):
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw  # a bare word: let the policy model decide whether a string fits
+
+
+def apply_overrides(policy: PolicyConfig, ablations: list[str], sets: list[str]) -> PolicyConfig:
+    if not ablations and not sets:
+        return policy
+    if not isinstance(policy, EvoMedAgentPolicy):
+        raise CounterfactualError(f"ablations and --set apply to the evo-medagent policy, not {policy.name!r}")
+    data = policy_to_dict(policy)
+    for name in ablations:
+        if name not in ABLATIONS:
+            raise CounterfactualError(f"unknown ablation {name!r} (known: {', '.join(ABLATIONS)})")
+        data.update(ABLATIONS[name])
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise CounterfactualError(f"--set {item!r}: expected KEY=VALUE, e.g. top_k_rules=3")
+        key = key.strip()
+        if key == "name" or key not in data:
+            raise CounterfactualError(f"--set {item!r}: the policy has no field {key!r}")
+        data[key] = _parse_value(raw.strip())
+    try:
+        return policy_from_dict(data, source="--set/--ablation")
+    except PolicyError as exc:
+        raise CounterfactualError(str(exc)) from None
+
+
+def derived_spec(source_spec: RunSpec, source_run: str, policy: PolicyConfig | None = None,
+                 backbone: str | None = None, model: str | None = None,
+                 ablations: list[str] | None = None, sets: list[str] | None = None) -> RunSpec:
+    """The source run's spec with the overrides applied and `source` naming the parent run."""
+    pol = apply_overrides(policy if policy is not None else source_spec.policy, ablations or [], sets or [])
+    return source_spec.model_copy(update={
+        "policy": pol,
+        "backbone": backbone or source_spec.backbone,
+        "model": model if model is not None else source_spec.model,
+        "source": source_run,
+    })
+
+
+def is_counterfactual(source_spec: RunSpec, spec: RunSpec) -> bool:
+    """Whether `spec` changes anything but `source` (then its runs need their own ids)."""
+    return spec.model_copy(update={"source": source_spec.source}) != source_spec
+
+
+def variant_tag(spec: RunSpec, ablations: list[str] | None = None) -> str:
+    """A short, stable name for a counterfactual configuration: what changed + spec hash."""
+    what = "+".join(ablations) if ablations else spec.policy.name
+    return f"{what}-{content_hash(spec.model_dump(mode='json'))[:6]}"

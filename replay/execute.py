@@ -1,0 +1,238 @@
+"""Executing runs for replay and verify: in this process or in worker processes.
+
+A run is always executed into a scratch in-memory store and then imported into the target
+file with `EventStore.import_events`, which re-checks the hash chain. DuckDB allows one
+writing process per file, so workers never open the target: each reads the target's
+embedding cache from a temporary seed file (read-only, shared), executes into its own
+memory and hands its events back; only the parent writes the target. (A temporary DuckDB
+file per worker, read back by the parent, measured 2-3x slower per run here: the file
+writes and JSON round trips cost more than executing the run.)
+Both paths run the same `execute` over the same inputs, so where a run executed never
+changes its events: workers only change the wall time. Replay runs are not checkpointed
+(a later `open_projection` rebuilds them from the log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable, Sequence
+
+from handlers.cases import Case
+from handlers.pipeline import process_case
+from handlers.runs import RunSpec, open_run
+from store.embeddings import EmbeddingCache, shared_minilm
+from store.eventstore import EventStore
+from store.events import StoredEvent
+from store.projection import MemoryProjection, save_checkpoint
+from streams.embedded import EmbeddedRunner
+
+FLUSH_EVERY = 500
+cache_embedder = shared_minilm  # the embedder replays use; the model loads only on a cache miss
+
+
+@contextlib.contextmanager
+def single_threaded_blas():
+    """One BLAS thread while a run executes.
+
+    A run is a sequential fold, and its vector searches are small matrix-vector products:
+    OpenBLAS's thread hand-off costs ~10x the product itself (1.2 ms against 0.06 ms per
+    2,500-row search measured here), and more again on a busy machine. Parallelism comes
+    from running runs in separate processes instead. Results do not depend on it: every
+    score that reaches an event is recomputed in float64 over the candidates
+    (store.vector_index).
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional: without it BLAS keeps its default threads
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One run to execute: its id, spec and cases in the order it must see them."""
+
+    run_id: str
+    spec: RunSpec
+    cases: tuple[Case, ...]
+
+
+@dataclass
+class JobResult:
+    run_id: str
+    processed: int
+    """Cases executed now (0 when the run was already complete in the target file)."""
+    seconds: float
+    embedding_misses: int = 0
+    worker: bool = False
+
+
+def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec,
+            cases: Sequence[Case], backbone_options: dict | None = None,
+            flush_every: int = FLUSH_EVERY, checkpoint: bool = True) -> tuple[MemoryProjection, int]:
+    """Create or resume `run_id` in `store` and process every case not yet completed.
+
+    Into a scratch store, events are appended every `flush_every` cases: nothing reads the
+    scratch log while the run executes (the stages read the live projection), seqs are
+    assigned at emit time, so the events are the same bytes as with a commit per stage,
+    and a DuckDB transaction per case would cost more than the handlers themselves. A run
+    interrupted in the middle of a case is finished by the embedded runner, which knows
+    how to resume a case from its recorded stages.
+    """
+    ctx, _ = open_run(store, run_id, spec, cache, **(backbone_options or {}))
+
+    async def drive() -> int:
+        try:
+            state = ctx.projection.state
+            if state.cases_received > state.cases_completed:
+                return await EmbeddedRunner(ctx, commit="case", checkpoint_every=0).run(cases)
+            start = state.cases_completed
+            if start > len(cases):
+                raise ValueError(f"run {run_id!r} has {start} completed cases, more than the {len(cases)} given")
+            for index in range(start, len(cases)):
+                await process_case(ctx, cases[index], index)
+                if flush_every and (index + 1 - start) % flush_every == 0:
+                    ctx.writer.flush()
+            ctx.writer.flush()
+            return len(cases) - start
+        finally:
+            close = getattr(ctx.backbone, "aclose", None)
+            if close is not None:
+                await close()
+
+    with single_threaded_blas():
+        processed = asyncio.run(drive())
+    if checkpoint and processed:
+        save_checkpoint(store, run_id, ctx.projection)
+    return ctx.projection, processed
+
+
+def completed_cases(store: EventStore, run_id: str) -> int:
+    row = store.conn.execute("SELECT count(*) FROM events WHERE run_id = ? AND type = 'case.completed'",
+                             [run_id]).fetchone()
+    return int(row[0])
+
+
+# --- in this process -----------------------------------------------------------------------
+
+
+def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob) -> JobResult:
+    t0 = time.perf_counter()
+    misses0 = cache.misses
+    with EventStore(":memory:") as scratch:
+        existing = target.read(job.run_id)
+        scratch.import_events(existing)
+        _, processed = execute(scratch, cache, job.run_id, job.spec, job.cases, checkpoint=False)
+        target.import_events(scratch.read(job.run_id, after_seq=existing[-1].seq if existing else -1))
+    cache.flush()
+    return JobResult(job.run_id, processed, time.perf_counter() - t0, cache.misses - misses0)
+
+
+# --- in worker processes -------------------------------------------------------------------
+
+
+def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing: list[StoredEvent]) -> dict:
+    """Runs in a spawned process: execute one job into an in-memory store seeded from `seed_path`.
+
+    Returns the new events and any vectors the worker had to embed; the parent imports both.
+    """
+    t0 = time.perf_counter()
+    with EventStore(":memory:") as scratch:
+        conn = scratch.conn
+        conn.execute(EmbeddingCache.SCHEMA)
+        conn.execute(f"ATTACH '{seed_path}' AS gr_seed (READ_ONLY)")
+        conn.execute("INSERT INTO embedding_cache SELECT * FROM gr_seed.embedding_cache")
+        cache = EmbeddingCache(cache_embedder(), conn)
+        scratch.import_events(existing)
+        _, processed = execute(scratch, cache, run_id, RunSpec.model_validate(spec),
+                               [Case.model_validate(c) for c in cases], checkpoint=False)
+        cache.flush()
+        vectors = conn.execute("SELECT key, model, vector FROM embedding_cache "
+                               "WHERE key NOT IN (SELECT key FROM gr_seed.embedding_cache)").fetchall()
+        conn.execute("DETACH gr_seed")
+        # Rows as stored (payload and meta as JSON text): pickling text is ~10x cheaper than
+        # pickling the decoded payload dicts.
+        rows = conn.execute(
+            "SELECT run_id, seq, type, schema_version, case_id, causation_seq, payload, meta, chain FROM events "
+            "WHERE run_id = ? AND seq > ? ORDER BY seq", [run_id, existing[-1].seq if existing else -1]).fetchall()
+    return {"processed": processed, "seconds": time.perf_counter() - t0, "misses": cache.misses,
+            "rows": rows, "vectors": vectors}
+
+
+def _stored(rows: list[tuple]) -> list[StoredEvent]:
+    return [StoredEvent(r[0], int(r[1]), r[2], int(r[3]), r[4], None if r[5] is None else int(r[5]),
+                        json.loads(r[6]), json.loads(r[7]), r[8]) for r in rows]
+
+
+def _seed_file(target: EventStore, path: Path) -> None:
+    """A DuckDB file holding a copy of the target's embedding cache: workers read it, never write."""
+    conn = target.conn
+    conn.execute(EmbeddingCache.SCHEMA)
+    conn.execute(f"ATTACH '{path}' AS gr_seed")
+    try:
+        conn.execute(EmbeddingCache.SCHEMA.replace("EXISTS embedding_cache", "EXISTS gr_seed.embedding_cache"))
+        conn.execute("INSERT INTO gr_seed.embedding_cache SELECT * FROM embedding_cache")
+    finally:
+        conn.execute("DETACH gr_seed")
+
+
+def _keep_vectors(target: EventStore, rows: list[tuple]) -> None:
+    if not rows:
+        return
+    keys, models, vecs = zip(*rows)
+    target.conn.execute(
+        "INSERT OR IGNORE INTO embedding_cache SELECT * FROM "
+        "(SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::FLOAT[][]))",
+        [list(keys), list(models), [list(v) for v in vecs]])
+
+
+def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], workers: int = 1,
+             on_done: Callable[[RunJob, JobResult], None] | None = None) -> list[JobResult]:
+    """Execute every job; runs already complete in `target` are left as they are."""
+    todo = [j for j in jobs if completed_cases(target, j.run_id) < len(j.cases)]
+    todo_ids = {j.run_id for j in todo}
+    results: dict[str, JobResult] = {}
+    for j in jobs:
+        if j.run_id not in todo_ids:
+            results[j.run_id] = JobResult(j.run_id, 0, 0.0)
+            if on_done:
+                on_done(j, results[j.run_id])
+    workers = max(1, min(workers, len(todo)))
+    if workers == 1:
+        for j in todo:
+            results[j.run_id] = run_here(target, cache, j)
+            if on_done:
+                on_done(j, results[j.run_id])
+        return [results[j.run_id] for j in jobs]
+
+    cache.flush()  # workers start from every vector this process knows
+    tmp = Path(tempfile.mkdtemp(prefix="grandrounds-replay-"))
+    try:
+        seed = tmp / "seed.duckdb"
+        _seed_file(target, seed)
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            pending = [(j, pool.submit(_worker, j.run_id, j.spec.model_dump(mode="json"),
+                                       [c.model_dump(mode="json") for c in j.cases], str(seed),
+                                       target.read(j.run_id)))
+                       for j in todo]
+            for j, fut in pending:  # import in job order: the file's layout is deterministic too
+                out = fut.result()
+                target.import_events(_stored(out["rows"]))  # re-checks every chain hash
+                _keep_vectors(target, out["vectors"])
+                results[j.run_id] = JobResult(j.run_id, out["processed"], out["seconds"], out["misses"], worker=True)
+                if on_done:
+                    on_done(j, results[j.run_id])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [results[j.run_id] for j in jobs]

@@ -1,0 +1,117 @@
+"""A self-contained HTML report of a replay: curves, the order-sensitivity table, per-category
+accuracy and memory growth over the stream. Images are inlined, so the file travels alone."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+
+from replay.plot import SIM_CAPTION, plot_curves, plot_growth
+from store.eventstore import EventStore
+
+
+def category_accuracy(store: EventStore, run_id: str) -> dict[str, dict]:
+    rows = store.conn.execute(
+        "SELECT r.payload->>'$.case.category' AS category, count(*), "
+        "sum(CASE WHEN (c.payload->>'$.correct')::BOOLEAN THEN 1 ELSE 0 END) "
+        "FROM events r JOIN events c ON c.run_id = r.run_id AND c.case_id = r.case_id AND c.type = 'case.completed' "
+        "WHERE r.run_id = ? AND r.type = 'case.received' GROUP BY category ORDER BY category", [run_id]).fetchall()
+    return {r[0]: {"cases": int(r[1]), "correct": int(r[2]), "accuracy": round(int(r[2]) / int(r[1]), 6)}
+            for r in rows}
+
+
+def memory_growth(store: EventStore, run_id: str) -> dict[str, list[int]]:
+    """Active rules and episodes after each completed case."""
+    rows = store.conn.execute(
+        "SELECT type FROM events WHERE run_id = ? AND type IN "
+        "('rule.added', 'rule.retired', 'episode.stored', 'case.completed') ORDER BY seq", [run_id]).fetchall()
+    rules = episodes = 0
+    out: dict[str, list[int]] = {"rules": [], "episodes": []}
+    for (type_,) in rows:
+        if type_ == "rule.added":
+            rules += 1
+        elif type_ == "rule.retired":
+            rules -= 1
+        elif type_ == "episode.stored":
+            episodes += 1
+        else:
+            out["rules"].append(rules)
+            out["episodes"].append(episodes)
+    return out
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def _table(header: list[str], rows: list[list], cls: str = "") -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    attr = f' class="{cls}"' if cls else ""
+    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _name(r: dict) -> str:
+    return f"perm {r['k']}" if r["k"] is not None else "original"
+
+
+def build_report(store: EventStore, result: dict, db: str) -> str:
+    runs = result["runs"]
+    cats = {r["run_id"]: category_accuracy(store, r["run_id"]) for r in runs}
+    all_cats = sorted({c for per in cats.values() for c in per})
+    cat_rows = []
+    for c in all_cats:
+        accs = [cats[r["run_id"]].get(c, {}).get("accuracy") for r in runs]
+        present = [a for a in accs if a is not None]
+        mean = sum(present) / len(present) if present else None
+        std = math.sqrt(sum((a - mean) ** 2 for a in present) / len(present)) if present else None
+        n = next((cats[r["run_id"]][c]["cases"] for r in runs if c in cats[r["run_id"]]), 0)
+        cat_rows.append([c, n] + [f"{a:.3f}" if a is not None else "–" for a in accs]
+                        + [f"{mean:.3f}" if mean is not None else "–", f"{std:.3f}" if std is not None else "–"])
+    growth = {_name(r): memory_growth(store, r["run_id"]) for r in runs}
+    growth_rows = [[_name(r), r["run_id"], growth[_name(r)]["rules"][-1] if growth[_name(r)]["rules"] else 0,
+                    growth[_name(r)]["episodes"][-1] if growth[_name(r)]["episodes"] else 0] for r in runs]
+    run_rows = [[_name(r), r["run_id"], r["order_seed"] if r["order_seed"] is not None else "–", r["cases"],
+                 r["correct"], f"{r['accuracy']:.4f}", r["fingerprint"][:16] + "…"] for r in runs]
+    stats_rows = [[f"{result['accuracy_mean']:.4f}", f"{result['accuracy_std']:.4f}",
+                   f"{result['accuracy_min']:.4f}", f"{result['accuracy_max']:.4f}",
+                   f"{result['source_accuracy']:.4f}"]]
+    note = SIM_CAPTION if result.get("backbone") == "sim" else ""
+    curves_png = plot_curves(result)
+    growth_png = plot_growth(growth, "memory growth over the stream (rules: solid, episodes: dashed)")
+    e = html.escape
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>grandrounds replay of {e(result['source'])}</title>",
+        "<style>body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:.6em 0 1.4em}th,td{border:1px solid #ccc;padding:3px 8px;"
+        "font-size:13px;text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
+        ".note{background:#fff6d5;border:1px solid #e6d38a;padding:6px 10px}img{max-width:100%}"
+        "code{background:#f3f3f3;padding:1px 4px}</style></head><body>",
+        f"<h1>Replay of <code>{e(result['source'])}</code></h1>",
+        f"<p>{result['cases']} cases · {result['permutations']} permutations (seed {result['seed']}) · "
+        f"policy <b>{e(result['policy'])}</b> · backbone <b>{e(result['backbone'])}</b>"
+        f"{' · counterfactual ' + e(str(result.get('tag'))) if result.get('counterfactual') else ''} · db <code>{e(db)}</code></p>",
+    ]
+    if note:
+        parts.append(f"<p class='note'>{e(note)}</p>")
+    parts += [
+        "<h2>Order sensitivity</h2>",
+        _table(["mean", "σ (population)", "min", "max", "source order"], [stats_rows[0]]),
+        _table(["run", "run id", "order seed", "cases", "correct", "accuracy", "fingerprint"], run_rows),
+        "<h2>Cumulative accuracy</h2>", _img(curves_png, "cumulative accuracy curves"),
+        "<h2>Accuracy per category</h2>",
+        _table(["category", "cases"] + [_name(r) for r in runs] + ["mean", "σ"], cat_rows),
+        "<h2>Memory growth</h2>", _img(growth_png, "memory growth"),
+        _table(["run", "run id", "active rules at end", "episodes at end"], growth_rows),
+        "<p style='font-size:12px;color:#666'>Generated by <code>grandrounds replay</code>. Every number here "
+        "is recomputed from the event log; <code>grandrounds verify</code> re-executes a run and checks its "
+        "fingerprint.</p></body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def write_report(store: EventStore, result: dict, db: str, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(build_report(store, result, db))

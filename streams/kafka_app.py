@@ -1,0 +1,311 @@
+"""The FastStream Kafka app: one subscriber per stage topic, the publishers, and their wiring.
+
+Subscribers validate each message against its pydantic model (FastStream does it from the
+handler's annotation) and pass it to the `KafkaWorker`; a message that fails validation is
+sent to the dead-letter topic with the error by `DeadLetterMiddleware`, and the worker goes
+on. Acknowledgement is manual (`AckPolicy.MANUAL`): offsets are committed by the worker,
+per partition, only up to the first message not yet processed.
+
+The same definitions generate the AsyncAPI document (`python -m streams.asyncapi`).
+"""
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from faststream import FastStream
+from faststream.kafka import KafkaBroker, KafkaMessage
+from faststream.kafka.schemas import Topic
+from faststream.middlewares import AckPolicy, BaseMiddleware
+from pydantic import ValidationError
+
+from store.embeddings import EmbeddingCache, shared_minilm
+from store.eventstore import EventStore
+from streams.assignor import copartition_assignor
+from streams.changelog import encode_batch
+from streams.kafka_worker import KafkaWorker
+from streams.messages import ChangelogBatch, DeadLetter, RetrieveCommand, StageCommand
+from streams.topics import DEFAULT_GROUP, DEFAULT_PARTITIONS, DEFAULT_PREFIX, STAGES, Topics, ensure_topics
+
+log = logging.getLogger("grandrounds.kafka")
+# FastStream's own loggers print to stdout; ours go wherever logging is configured (the CLI:
+# stderr), so `--json` keeps stdout to one object.
+FASTSTREAM_LOG = logging.getLogger("grandrounds.faststream")
+
+STAGE_DOCS = {
+    "retrieve": "Intake of a run: its `RunStart`, then its cases in order. Takes a case in and reads memory for it.",
+    "act": "The backbone answers the case from its gold-free view and the retrieved memory (the LLM call).",
+    "feedback": "Grades the recorded answer; attributes the outcome to rules and tools.",
+    "reflect": "After feedback: reflection, episode and rule edits (memory writes).",
+    "govern": "Relabels tools and closes the case (the memory watermark advances).",
+}
+
+
+@dataclass
+class WorkerSettings:
+    bootstrap: str
+    db: str = "grandrounds.duckdb"
+    group_id: str = DEFAULT_GROUP
+    name: str | None = None
+    """Stable worker name: enables static group membership, so a restarted worker gets its
+    partitions back at once instead of after the session timeout. One name per running worker."""
+    prefix: str = DEFAULT_PREFIX
+    partitions: int = DEFAULT_PARTITIONS
+    """Partitions of topics this worker creates (existing topics keep theirs)."""
+    replication_factor: int | None = None
+    max_poll_interval_ms: int = 300_000
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    checkpoint_every: int = 250
+    keep_step_log: bool = False
+    backbone_opts: dict = field(default_factory=dict)
+
+
+def worker_id_for(name: str | None) -> str:
+    # Identity of a process in the group, never part of any payload.
+    return name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class _ForwardingListener:
+    """Rebalance callbacks of one stage's consumer, forwarded to the worker once it exists."""
+
+    def __init__(self, owner: "KafkaWorkerApp", stage: str):
+        self.owner = owner
+        self.stage = stage
+
+    def _consumer(self) -> AIOKafkaConsumer | None:
+        return self.owner.subscribers[self.stage].consumer
+
+    async def on_partitions_revoked(self, revoked):
+        if self.owner.worker is not None:
+            await self.owner.worker.on_revoked(self.stage, self._consumer(), set(revoked))
+
+    async def on_partitions_assigned(self, assigned):
+        if self.owner.worker is not None:
+            consumer = self._consumer()
+            self.owner.worker.attach(self.stage, consumer)
+            await self.owner.worker.on_assigned(self.stage, consumer, set(assigned))
+
+
+def _dead_letter_middleware(owner: "KafkaWorkerApp") -> type[BaseMiddleware]:
+    class DeadLetterMiddleware(BaseMiddleware):
+        """Any message whose body does not validate goes to the dead-letter topic with the error."""
+
+        async def consume_scope(self, call_next, msg):
+            try:
+                return await call_next(msg)
+            except (ValidationError, ValueError, UnicodeDecodeError) as exc:
+                reason, error = "invalid", str(exc)
+            except Exception as exc:  # noqa: BLE001 - never let one message stop the worker
+                log.exception("unexpected error handling %s", msg.raw_message)
+                reason, error = "failed", repr(exc)
+            worker = owner.worker
+            if worker is not None and isinstance(msg.raw_message, object) and hasattr(msg.raw_message, "topic"):
+                await worker.dead_letter(reason, error, msg.raw_message)
+            return None
+
+    return DeadLetterMiddleware
+
+
+class _Broker(KafkaBroker):
+    """Starts its subscribers together rather than one after another.
+
+    aiokafka's consumer start waits for the consumer's first assignment, so FastStream's
+    sequential start makes the five consumers join the group one by one, each join a
+    rebalance of the ones before. Joining together, they settle in one or two rebalances.
+    """
+
+    async def start(self) -> None:
+        await self.connect()
+        await asyncio.gather(*(sub.start() for sub in self.subscribers))
+        for pub in self.publishers:
+            await pub.start()
+        self.running = True
+
+
+def build_broker(bootstrap: str, topics: Topics, *, owner: "KafkaWorkerApp | None" = None,
+                 group_id: str = DEFAULT_GROUP, worker_id: str = "spec", name: str | None = None,
+                 consumer_opts: dict | None = None) -> tuple[KafkaBroker, dict, dict]:
+    """The broker with its five subscribers and its publishers. Returns (broker, subscribers, publishers)."""
+    middlewares = [_dead_letter_middleware(owner)] if owner is not None else []
+    broker = _Broker(
+        bootstrap, acks="all", enable_idempotence=True, client_id=f"grandrounds-{worker_id}",
+        middlewares=middlewares, log_level=logging.DEBUG, logger=FASTSTREAM_LOG,
+        description="grandrounds: five stage topics keyed by run id, a changelog of every appended event "
+                    "batch, and a dead-letter topic. See DESIGN §4.",
+    )
+    opts = dict(consumer_opts or {})
+    assignor = copartition_assignor(worker_id)
+    subscribers: dict[str, Any] = {}
+    for stage in STAGES:
+        listener = _ForwardingListener(owner, stage) if owner is not None else None
+        sub = broker.subscriber(
+            Topic(topics.stage(stage), declare=False),
+            group_id=group_id,
+            group_instance_id=f"{name}.{stage}" if name else None,
+            ack_policy=AckPolicy.MANUAL,
+            auto_offset_reset="earliest",
+            listener=listener,
+            partition_assignment_strategy=(assignor,),
+            title=f"{topics.stage(stage)}:{stage}",
+            description=STAGE_DOCS[stage],
+            **opts,
+        )
+        subscribers[stage] = sub
+    _register_handlers(subscribers, owner)
+
+    publishers = {
+        stage: broker.publisher(
+            Topic(topics.stage(stage), declare=False), title=f"{topics.stage(stage)}:publish",
+            schema=RetrieveCommand if stage == "retrieve" else StageCommand,
+            description=("Produced by `grandrounds submit`: one RunStart, then the cases in order, keyed by run id."
+                         if stage == "retrieve" else
+                         f"Produced by the worker once the previous stage's events are committed: run {stage}."),
+        )
+        for stage in STAGES
+    }
+    publishers["changelog"] = broker.publisher(
+        Topic(topics.changelog, declare=False), title=f"{topics.changelog}:publish", schema=ChangelogBatch,
+        description="Every appended batch of events (one stage's), one message per batch, keyed by run id; "
+                    "headers run_id, first_seq, last_seq. Retention: forever.",
+    )
+    publishers["dead_letter"] = broker.publisher(
+        Topic(topics.dead_letter, declare=False), title=f"{topics.dead_letter}:publish", schema=DeadLetter,
+        description="Messages that failed validation (invalid), were refused (rejected) or whose stage "
+                    "failed (failed), with the error; keyed like the original.",
+    )
+    return broker, subscribers, publishers
+
+
+def _register_handlers(subscribers: dict, owner: "KafkaWorkerApp | None") -> None:
+    async def _accept(stage: str, body: Any, msg: KafkaMessage) -> None:
+        if owner is not None and owner.worker is not None:
+            await owner.worker.accept(stage, body, msg.raw_message)
+
+    @subscribers["retrieve"]
+    async def retrieve(body: RetrieveCommand, msg: KafkaMessage) -> None:
+        """A run's RunStart or one of its cases."""
+        await _accept("retrieve", body, msg)
+
+    @subscribers["act"]
+    async def act(body: StageCommand, msg: KafkaMessage) -> None:
+        await _accept("act", body, msg)
+
+    @subscribers["feedback"]
+    async def feedback(body: StageCommand, msg: KafkaMessage) -> None:
+        await _accept("feedback", body, msg)
+
+    @subscribers["reflect"]
+    async def reflect(body: StageCommand, msg: KafkaMessage) -> None:
+        await _accept("reflect", body, msg)
+
+    @subscribers["govern"]
+    async def govern(body: StageCommand, msg: KafkaMessage) -> None:
+        await _accept("govern", body, msg)
+
+
+class KafkaWorkerApp:
+    """`grandrounds worker`: the FastStream app around a `KafkaWorker` and its DuckDB file."""
+
+    def __init__(self, settings: WorkerSettings, store: EventStore | None = None,
+                 cache: EmbeddingCache | None = None):
+        self.settings = settings
+        self.topics = Topics(settings.prefix)
+        self.worker_id = worker_id_for(settings.name)
+        self.worker: KafkaWorker | None = None
+        self._store, self._cache = store, cache
+        self._owns_store = store is None
+        consumer_opts = {
+            "max_poll_interval_ms": settings.max_poll_interval_ms,
+            "session_timeout_ms": settings.session_timeout_ms,
+            "heartbeat_interval_ms": settings.heartbeat_interval_ms,
+            "rebalance_timeout_ms": max(settings.session_timeout_ms, 30_000),
+        }
+        self.broker, self.subscribers, self.publishers = build_broker(
+            settings.bootstrap, self.topics, owner=self, group_id=settings.group_id, worker_id=self.worker_id,
+            name=settings.name, consumer_opts=consumer_opts)
+        self.app = FastStream(self.broker, logger=FASTSTREAM_LOG, on_startup=[self._startup],
+                              on_shutdown=[self._shutdown], after_shutdown=[self._closed])
+
+    @property
+    def store(self) -> EventStore:
+        assert self._store is not None
+        return self._store
+
+    async def _startup(self) -> None:
+        s = self.settings
+        if self._store is None:
+            self._store = EventStore(s.db)
+        if self._cache is None:
+            self._cache = EmbeddingCache(shared_minilm(), self._store.conn)
+        partitions = await ensure_topics(s.bootstrap, self.topics, s.partitions, s.replication_factor)
+        worker = KafkaWorker(self._store, self._cache, bootstrap=s.bootstrap, topics=self.topics,
+                             group_id=s.group_id, worker_id=self.worker_id, partitions=partitions,
+                             checkpoint_every=s.checkpoint_every, keep_step_log=s.keep_step_log,
+                             backbone_opts=s.backbone_opts)
+        worker.publish_stage = self._publish_stage
+        worker.publish_changelog = self._publish_changelog
+        worker.publish_dead_letter = self._publish_dead_letter
+        worker.start()
+        self.worker = worker
+        log.info("worker %s: group %s, %d partitions, db %s", self.worker_id, s.group_id, partitions, s.db)
+
+    async def _shutdown(self) -> None:
+        if self.worker is not None:
+            await self.worker.quiesce()
+
+    async def _closed(self) -> None:
+        if self.worker is not None:
+            await self.worker.close()
+        if self._owns_store and self._store is not None:
+            self._store.close()
+            self._store = None
+
+    async def _publish_stage(self, stage: str, cmd: StageCommand, confirm: bool = True):
+        """Produce a stage command; with confirm=False, return the future of its acknowledgement."""
+        result = await self.publishers[stage].publish(cmd, key=cmd.run_id.encode(), no_confirm=not confirm)
+        return None if confirm else result
+
+    async def _publish_changelog(self, stored) -> None:
+        value, headers = encode_batch(stored)
+        await self.publishers["changelog"].publish(
+            value, key=stored[0].run_id.encode(), headers={k: v.decode() for k, v in headers})
+
+    async def _publish_dead_letter(self, letter: DeadLetter, key: bytes | None) -> None:
+        await self.publishers["dead_letter"].publish(letter, key=key)
+
+    # --- lifecycle (tests and the CLI) --------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.app.start()
+
+    async def stop(self) -> None:
+        await self.app.stop()
+
+    async def run(self) -> None:
+        await self.app.run(log_level=logging.INFO)
+
+
+def asyncapi_document(fmt: str = "json", version: str = "0.1.0") -> str:
+    """The AsyncAPI document of the app's topics, generated by FastStream."""
+    from faststream.specification import AsyncAPI
+
+    broker, _, _ = build_broker("localhost:9092", Topics(DEFAULT_PREFIX))
+    spec = AsyncAPI(broker, title="grandrounds", version=version, schema_version="3.0.0",
+                    description="Streaming cases through retrieve → act → feedback → reflect → govern over "
+                                "Apache Kafka. Every message is keyed by run id; stage and changelog topics "
+                                "are co-partitioned.").to_specification()
+    # FastStream lists channels in set order (varies per process): sort keys so the committed
+    # document only changes when the topics or message models do.
+    doc = json.loads(spec.to_json())
+    if fmt == "yaml":
+        import yaml
+
+        return yaml.safe_dump(doc, sort_keys=True, allow_unicode=True)
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"

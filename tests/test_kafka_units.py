@@ -1,0 +1,122 @@
+"""Parts of the Kafka transport that need no broker: assignment plan, offsets, changelog codec,
+URL parsing, the stage order the worker expects, and the committed AsyncAPI document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handlers.pipeline import CaseProgress
+from store.eventstore import EventStore
+from store.events import NewEvent
+from store.event_types import CaseCompleted, RunStarted
+from streams.assignor import copartition_plan
+from streams.changelog import ChangelogImporter, batch_span, decode_batch, encode_batch
+from streams.kafka_worker import next_stage
+from streams.offsets import PartitionOffsets
+from streams.topics import BrokerUrlError, Topics, parse_broker_url, partition_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_copartition_plan_gives_each_partition_number_to_one_worker():
+    topics = Topics("x.").stages
+    members = {f"{w}-{t}": w for w in ("wa", "wb") for t in topics}
+    subs = {f"{w}-{t}": [t] for w in ("wa", "wb") for t in topics}
+    plan = copartition_plan(members, subs, {t: range(8) for t in topics})
+    owner = {}
+    for member, assignment in plan.items():
+        for topic, parts in assignment.items():
+            for p in parts:
+                assert owner.setdefault(p, members[member]) == members[member], "partition split across workers"
+    assert sorted(owner) == list(range(8))
+    assert {owner[p] for p in range(8)} == {"wa", "wb"}
+
+
+def test_copartition_plan_leaves_a_missing_member_s_partitions_unassigned():
+    # Worker b has joined with its retrieve consumer only: b's act partitions go to nobody.
+    members = {"a-r": "a", "a-x": "a", "b-r": "b"}
+    subs = {"a-r": ["r"], "a-x": ["x"], "b-r": ["r"]}
+    plan = copartition_plan(members, subs, {"r": range(4), "x": range(4)})
+    assert plan["a-x"]["x"] == [0, 2] and plan["b-r"]["r"] == [1, 3]
+
+
+def test_partition_offsets_resume_at_the_first_unfinished_message():
+    t = PartitionOffsets(10)
+    for off in range(10, 15):
+        t.delivered(off)
+    t.done(11)
+    t.done(13)
+    assert t.watermark() == 10 and t.watermark(assuming_done=10) == 12
+    t.done(10)
+    assert t.watermark() == 12
+    t.done(12)
+    t.done(14)
+    assert t.watermark() == 15 and t.pending == 0
+    assert PartitionOffsets(None).watermark() == -1  # nothing known yet: nothing to store
+
+
+def test_broker_urls():
+    assert parse_broker_url("kafka://a:9092,b:9093") == "a:9092,b:9093"
+    for bad in ("localhost:9092", "kafka://", "kafka://host", "memory"):
+        with pytest.raises(BrokerUrlError):
+            parse_broker_url(bad)
+
+
+def test_partition_for_matches_java_default_partitioner():
+    # Where the idempotent producer put these keys on a real 8-partition topic (murmur2, as Java).
+    assert [partition_for(k, 8) for k in ("run-a", "run-b", "x")] == [2, 0, 6]
+
+
+def _events(store: EventStore, run: str, n: int):
+    store.append(run, [NewEvent(RunStarted(policy_name="none", policy={}, backbone="sim", seed=0,
+                                           embedder="m"))], -1)
+    for i in range(n):
+        store.append(run, [NewEvent(CaseCompleted(index=i, correct=True), case_id=f"c{i}")], i)
+    return store.read(run)
+
+
+def test_changelog_roundtrip_import_skips_what_is_there_and_refuses_gaps():
+    src = EventStore(":memory:")
+    events = _events(src, "r", 4)
+    batches = [encode_batch(events[:2]), encode_batch(events[2:3]), encode_batch(events[3:])]
+    assert batch_span(batches[0][1]) == ("r", 0, 1)
+    assert decode_batch(batches[1][0]) == events[2:3]
+    dst = EventStore(":memory:")
+    dst.import_events(events[:1])  # already holds seq 0: the first batch is imported from seq 1 on
+    imp = ChangelogImporter(dst)
+    for value, headers in batches + batches:  # duplicates are skipped
+        imp.add(headers, value)
+    imp.flush()
+    assert imp.tally.imported == {"r": 4} and not imp.tally.diverged
+    assert dst.fingerprint("r") == src.fingerprint("r")
+    gap = ChangelogImporter(EventStore(":memory:"))
+    gap.add(batches[1][1], batches[1][0])
+    assert "gap" in gap.tally.diverged["r"]
+
+
+def test_next_stage_follows_process_case():
+    p = CaseProgress()
+    assert next_stage(p) == "retrieve"
+    p.memory = object()
+    assert next_stage(p) == "act"
+    p.answer = object()
+    assert next_stage(p) == "feedback"
+    p.feedback = object()
+    assert next_stage(p) == "reflect"
+    p.reflection = object()
+    assert next_stage(p) == "govern"
+    if hasattr(CaseProgress(), "failed"):  # a case whose act failed goes straight to govern
+        q = CaseProgress()
+        q.memory, q.failed = object(), object()
+        assert next_stage(q) == "govern"
+
+
+def test_committed_asyncapi_document_is_current():
+    from grandrounds import __version__
+    from streams.kafka_app import asyncapi_document
+
+    committed = (ROOT / "docs" / "asyncapi.json").read_text(encoding="utf-8")
+    assert committed == asyncapi_document("json", version=__version__), (
+        "docs/asyncapi.json is stale: regenerate with `grandrounds asyncapi > docs/asyncapi.json`")

@@ -1,0 +1,270 @@
+"""The Kafka transport against a real Apache Kafka broker, with workers in this process.
+
+What must hold (DESIGN §4): a run over Kafka gives the embedded runner's exact events;
+invalid messages go to the dead-letter topic and the worker goes on; a redelivered message
+changes nothing; on assignment a worker resumes from the offsets stored in its DuckDB file;
+a stage longer than max_poll_interval_ms costs no rebalance; several runs share a worker;
+a second worker takes over a stopped one's runs from the changelog; the changelog builds a
+combined database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from kafka_fixtures import (completed_cases, kafka_broker, kafka_warm, run_ids_on_partitions,  # noqa: F401
+                            running_worker, unique_prefix, wait_until)
+from store.eventstore import EventStore
+from streams.producer import collect, follow_run, submit_run
+from streams.topics import Topics, partition_count, partition_for
+
+pytestmark = [pytest.mark.kafka]
+
+
+async def _read_all(bootstrap: str, topic: str, timeout: float = 10.0) -> list:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = range(await partition_count(bootstrap, topic))
+        tps = [TopicPartition(topic, p) for p in parts]
+        assert tps, f"no partitions for {topic}"
+        ends = await consumer.end_offsets(tps)
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        out = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]] and loop.time() < deadline:
+            for records in (await consumer.getmany(timeout_ms=300)).values():
+                out.extend(records)
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def test_run_over_kafka_equals_embedded_and_stores_offsets(kafka_broker, kafka_warm, tmp_path):
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    topics = Topics(prefix)
+    async with running_worker(boot, kafka_warm.worker_db(tmp_path), prefix) as app:
+        sub = await submit_run(boot, "run-a", kafka_warm.spec, kafka_warm.cases, topics=topics)
+        client = EventStore(tmp_path / "client.duckdb")
+        await follow_run(boot, sub, client, topics=topics, timeout=90)
+        ref = kafka_warm.reference[0]
+        assert client.fingerprint("run-a") == ref["fingerprint"]
+        assert app.store.fingerprint("run-a") == ref["fingerprint"]
+        assert app.store.verify_chain("run-a") is None
+        # Each stage of each case ran exactly once, in order.
+        steps = [s for s in app.worker.stats.step_log if s[0] == "run-a"]
+        assert len(steps) == len(set(steps)) == 5 * len(kafka_warm.cases)
+        assert [s[1] for s in steps] == sorted(s[1] for s in steps)
+        await wait_until(lambda: app.worker.offsets[(topics.stage("govern"), sub.partition)].pending == 0, 10,
+                         "last message done")
+        # Every consumed message's position is in DuckDB, written with the events.
+        stored = app.store.consumer_offsets(prefix + "g")
+        p = sub.partition
+        assert stored[(topics.stage("retrieve"), p)] == len(kafka_warm.cases) + 1  # RunStart + cases
+        for stage in ("act", "feedback", "reflect", "govern"):
+            assert stored[(topics.stage(stage), p)] == len(kafka_warm.cases)
+        assert app.worker.stats.skipped == 0 and app.worker.stats.dead_letters == 0
+        client.close()
+
+
+async def test_invalid_messages_go_to_dead_letters_and_the_worker_goes_on(kafka_broker, kafka_warm, tmp_path):
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    topics = Topics(prefix)
+    async with running_worker(boot, kafka_warm.worker_db(tmp_path), prefix) as app:
+        producer = AIOKafkaProducer(bootstrap_servers=boot, acks="all", enable_idempotence=True)
+        await producer.start()
+        try:
+            bad = [
+                (topics.stage("retrieve"), b"run-bad", b"this is not json"),
+                (topics.stage("retrieve"), b"run-bad", json.dumps({"kind": "case", "run_id": "run-bad"}).encode()),
+                (topics.stage("act"), b"run-bad", json.dumps({"run_id": "run-bad", "index": -3, "case_id": "x"}).encode()),
+                (topics.stage("govern"), b"another-key", json.dumps({"run_id": "run-bad", "index": 0,
+                                                                      "case_id": "x"}).encode()),
+            ]
+            for topic, key, value in bad:
+                await producer.send_and_wait(topic, value, key=key)
+        finally:
+            await producer.stop()
+        await wait_until(lambda: app.worker.stats.dead_letters >= len(bad), 30, "dead letters")
+        # ...and the worker still processes a valid run.
+        n = 4
+        sub = await submit_run(boot, "run-ok", kafka_warm.spec, kafka_warm.cases[:n], topics=topics)
+        client = EventStore(":memory:")
+        await follow_run(boot, sub, client, topics=topics, timeout=60)
+        assert client.fingerprint("run-ok") == kafka_warm.fingerprint_upto(n)
+    letters = [json.loads(r.value) for r in await _read_all(boot, topics.dead_letter)]
+    assert len(letters) == len(bad)
+    assert {x["reason"] for x in letters} == {"invalid"}
+    by_value = {x["value"]: x for x in letters}
+    assert "this is not json" in by_value
+    assert all(x["error"] for x in letters)
+    assert any("key" in x["error"] for x in letters)  # the mis-keyed message says why
+    assert {x["source_topic"] for x in letters} == {topics.stage("retrieve"), topics.stage("act"),
+                                                     topics.stage("govern")}
+
+
+async def test_redelivery_changes_nothing_and_restart_resumes_from_duckdb_offsets(kafka_broker, kafka_warm, tmp_path):
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    topics = Topics(prefix)
+    db = kafka_warm.worker_db(tmp_path)
+    cases = kafka_warm.cases[:6]
+    ref = kafka_warm.fingerprint_upto(len(cases))
+    async with running_worker(boot, db, prefix) as app:
+        sub = await submit_run(boot, "run-r", kafka_warm.spec, cases, topics=topics)
+        await follow_run(boot, sub, EventStore(":memory:"), topics=topics, timeout=60)
+        events = app.store.last_seq("run-r")
+        # Redeliveries: the whole run submitted again, and stale stage commands.
+        await submit_run(boot, "run-r", kafka_warm.spec, cases, topics=topics)
+        stats = app.worker.stats
+        await wait_until(lambda: stats.skipped >= len(cases) + 1, 30, "resubmitted messages skipped")
+        assert app.store.last_seq("run-r") == events
+        assert app.store.fingerprint("run-r") == ref
+    # Rewind the group's committed offsets to 0: a worker that trusted Kafka's offsets would
+    # redeliver everything; ours resumes from the offsets in its DuckDB file.
+    rewind = AIOKafkaConsumer(bootstrap_servers=boot, group_id=prefix + "g", enable_auto_commit=False)
+    await rewind.start()
+    try:
+        tps = [TopicPartition(t, sub.partition) for t in topics.stages]
+        rewind.assign(tps)
+        await rewind.commit({tp: 0 for tp in tps})
+    finally:
+        await rewind.stop()
+    async with running_worker(boot, db, prefix) as app:
+        await asyncio.sleep(3)  # time to receive anything it would redeliver
+        assert app.worker.stats.skipped == 0
+        assert sum(app.worker.stats.processed.values()) == 0
+        assert app.store.last_seq("run-r") == events
+    # A new group with the same file reads every topic from the start: all skipped.
+    async with running_worker(boot, db, prefix, group_id=prefix + "fresh") as app:
+        total = 1 + 2 * len(cases) + 4 * len(cases)  # RunStart, cases twice, four stage commands per case
+        await wait_until(lambda: app.worker.stats.skipped >= total, 30, "full redelivery skipped")
+        assert sum(app.worker.stats.processed.values()) == 0
+        assert app.store.fingerprint("run-r") == ref
+
+
+async def test_act_longer_than_max_poll_interval_costs_no_rebalance(kafka_broker, kafka_warm, tmp_path, monkeypatch):
+    from handlers.backbones.sim import SimBackbone
+
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    topics = Topics(prefix)
+    slow_case = kafka_warm.cases[1].case_id
+    original = SimBackbone.act
+    calls: list[str] = []
+
+    async def slow_act(self, view, *args, **kwargs):
+        calls.append(view.case_id)
+        if view.case_id == slow_case:
+            await asyncio.sleep(4.5)  # an LLM call outlasting max_poll_interval_ms (2 s)
+        return await original(self, view, *args, **kwargs)
+
+    monkeypatch.setattr(SimBackbone, "act", slow_act)
+    n = 3
+    async with running_worker(boot, kafka_warm.worker_db(tmp_path), prefix, max_poll_interval_ms=2000,
+                              session_timeout_ms=6000, heartbeat_interval_ms=500) as app:
+        # Start from a settled group (fresh topics can cost a rebalance while their metadata spreads).
+        await wait_until(lambda: len(app.worker.owners) == 8 and all(len(v) == 5 for v in app.worker.owners.values()),
+                         30, "all partitions of all five topics assigned")
+        await asyncio.sleep(1.5)
+        assignments, revocations = dict(app.worker.stats.assignments), dict(app.worker.stats.revocations)
+        sub = await submit_run(boot, "run-slow", kafka_warm.spec, kafka_warm.cases[:n], topics=topics)
+        await follow_run(boot, sub, EventStore(":memory:"), topics=topics, timeout=60)
+        stats = app.worker.stats
+        info = app.worker.summary()
+        assert app.store.fingerprint("run-slow") == kafka_warm.fingerprint_upto(n)
+        assert calls == [c.case_id for c in kafka_warm.cases[:n]], info  # each act exactly once
+        assert max(stats.service_ms["act"]) > 4000, info
+        assert dict(stats.revocations) == revocations, f"a rebalance happened: {info}"
+        assert dict(stats.assignments) == assignments, info
+        assert stats.skipped == 0, info
+
+
+async def test_control_a_handler_that_awaits_the_slow_call_inline_does_lose_its_partitions(kafka_broker):
+    """The control for the test above: the same settings, the slow call awaited in the handler."""
+    import logging
+
+    from faststream.kafka import KafkaBroker
+    from faststream.middlewares import AckPolicy
+
+    prefix = unique_prefix()
+    revoked: list[set] = []
+
+    class Listener:
+        async def on_partitions_revoked(self, parts):
+            if parts:
+                revoked.append(set(parts))
+
+        async def on_partitions_assigned(self, parts):
+            pass
+
+    broker = KafkaBroker(kafka_broker.bootstrap, log_level=logging.DEBUG, logger=logging.getLogger("control"))
+
+    @broker.subscriber(prefix + "inline", group_id=prefix + "g", ack_policy=AckPolicy.MANUAL,
+                       auto_offset_reset="earliest", max_poll_interval_ms=2000, session_timeout_ms=6000,
+                       heartbeat_interval_ms=500, listener=Listener())
+    async def handle(body: str) -> None:
+        await asyncio.sleep(4.5)
+
+    async with broker:
+        await broker.start()
+        await broker.publish("slow", prefix + "inline", key=b"k")
+        await wait_until(lambda: revoked, 20, "the group to take the partition away")
+
+
+async def test_parallel_runs_then_takeover_by_a_second_worker(kafka_broker, kafka_warm, tmp_path):
+    """Two workers share the group; one stops mid-way; the other finishes every run from the changelog."""
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    topics = Topics(prefix)
+    cases = kafka_warm.cases
+    runs = run_ids_on_partitions([0, 1, 2, 3], stem="par")
+    lags = {runs[0]: 1}  # one run with lag 1 recorded (processed strictly, like the embedded runner)
+    client = EventStore(":memory:")
+    a_ctx = running_worker(boot, kafka_warm.worker_db(tmp_path, "a"), prefix, name=None)
+    b_ctx = running_worker(boot, kafka_warm.worker_db(tmp_path, "b"), prefix, name=None)
+    a = await a_ctx.__aenter__()
+    try:
+        b = await b_ctx.__aenter__()
+        try:
+            await wait_until(lambda: len(a.worker.owners) + len(b.worker.owners) == 8
+                             and a.worker.owners and b.worker.owners, 60, "both workers assigned")
+            subs = [await submit_run(boot, r, kafka_warm.spec_with(lag=lags.get(r, 0)), cases, topics=topics)
+                    for r in runs]
+            on_a = [r for r in runs if partition_for(r, 8) in a.worker.owners]
+            assert on_a and len(on_a) < len(runs), "runs should be spread over both workers"
+            # Stop worker a in the middle of its runs.
+            await wait_until(lambda: all(completed_cases(a.store, r) >= 3 for r in on_a), 60, "runs under way")
+            before = {r: completed_cases(a.store, r) for r in on_a}
+            assert all(n < len(cases) for n in before.values()), "worker a finished too early to test a takeover"
+            await a_ctx.__aexit__(None, None, None)
+            a = None
+            for sub in subs:
+                await follow_run(boot, sub, client, topics=topics, timeout=120)
+            for r in runs:
+                want = kafka_warm.reference[lags.get(r, 0)]["fingerprint"]
+                assert b.store.fingerprint(r) == want, r
+                assert client.fingerprint(r) == want, r
+            assert b.worker.stats.restored_events > 0
+            # Several runs were in flight at once on b (they interleave in its step log).
+            order = [s[0] for s in b.worker.stats.step_log]
+            switches = sum(1 for x, y in zip(order, order[1:]) if x != y)
+            assert switches > len(runs)
+        finally:
+            await b_ctx.__aexit__(None, None, None)
+    finally:
+        if a is not None:
+            await a_ctx.__aexit__(None, None, None)
+    # The changelog alone rebuilds every run: a combined audit database.
+    with EventStore(tmp_path / "audit.duckdb") as audit:
+        tally = await collect(boot, audit, topics)
+        assert not tally.diverged
+        for r in runs:
+            assert audit.fingerprint(r) == kafka_warm.reference[lags.get(r, 0)]["fingerprint"]
+            assert audit.verify_chain(r) is None
+        again = await collect(boot, audit, topics)  # incremental: nothing new
+        assert sum(again.imported.values()) == 0
