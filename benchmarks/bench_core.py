@@ -195,7 +195,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from grandrounds.app import single_blas_thread
+    from store.vector_index import single_threaded_blas
 
-    with single_blas_thread():  # as `grandrounds run` does
+    with single_threaded_blas():  # as `grandrounds run` does
         main()

@@ -12,6 +12,7 @@ from handlers.runs import RunSpec, open_run
 from replay.metrics import run_summary
 from store.embeddings import Embedder, EmbeddingCache, shared_minilm
 from store.eventstore import EventStore
+from store.vector_index import single_threaded_blas
 from streams.embedded import EmbeddedRunner
 
 
@@ -58,7 +59,7 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
                 await close()
 
     try:
-        with single_blas_thread():
+        with single_threaded_blas():
             processed = asyncio.run(drive())
     finally:
         cache.flush()
@@ -69,14 +70,6 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
         summary["llm"] = llm_usage(store, rid)
         summary["failed"] = len(summary["llm"]["failed_cases"])
     return RunOutcome(summary, processed, how, ctx.backbone.note)
-
-
-def single_blas_thread():
-    """Memory searches are small matrix products: BLAS threads cost more than they save
-    (measured: 1.2 ms vs 0.06 ms a search over 2,500 vectors on a busy 2-core machine)."""
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 def default_db() -> Path:

@@ -107,6 +107,8 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, 
     notes = [n for n in (note, outcome.note) if n]
     if outcome.processed_now == 0:
         notes.append(f"run {summary['run_id']} was already complete in {db}; showing its result")
+    if lag:
+        notes.append(f"--lag {lag} is recorded with the run, but cases were processed strictly in order")
     if as_json:
         summary = dict(summary, db=db, notes=notes)
         click.echo(json.dumps(summary))

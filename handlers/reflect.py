@@ -56,7 +56,7 @@ def _trigger_of(result: ReflectionRecorded, case: Case) -> list[str]:
 
 
 def _apply_edit(ctx: RunContext, cfg: EvoMedAgentPolicy, case: Case, edit: RuleEditProposal, cause: int) -> None:
-    proj, state, emit = ctx.projection, ctx.projection.state, ctx.writer.emit
+    state, emit = ctx.projection.state, ctx.writer.emit
     cid = case.case_id
     rule = state.rules.get(edit.rule_id) if edit.rule_id else None
     if edit.op == "add":

@@ -15,7 +15,6 @@ changes its events: workers only change the wall time. Replay runs are not check
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shutil
 import tempfile
@@ -33,30 +32,11 @@ from store.embeddings import EmbeddingCache, shared_minilm
 from store.eventstore import EventStore
 from store.events import StoredEvent
 from store.projection import MemoryProjection, save_checkpoint
+from store.vector_index import single_threaded_blas
 from streams.embedded import EmbeddedRunner
 
 FLUSH_EVERY = 500
 cache_embedder = shared_minilm  # the embedder replays use; the model loads only on a cache miss
-
-
-@contextlib.contextmanager
-def single_threaded_blas():
-    """One BLAS thread while a run executes.
-
-    A run is a sequential fold, and its vector searches are small matrix-vector products:
-    OpenBLAS's thread hand-off costs ~10x the product itself (1.2 ms against 0.06 ms per
-    2,500-row search measured here), and more again on a busy machine. Parallelism comes
-    from running runs in separate processes instead. Results do not depend on it: every
-    score that reaches an event is recomputed in float64 over the candidates
-    (store.vector_index).
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # optional: without it BLAS keeps its default threads
-        yield
-        return
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
 
 
 @dataclass(frozen=True)

@@ -158,57 +158,7 @@ class EventStore:
         """
         if not events and consumed is None:
             return []
-        with self._heads_lock:
-            cached = self._heads.get(run_id)
-        conn = self.conn
-        conn.execute("BEGIN TRANSACTION")
-        try:
-            if cached is None or cached[0] != expected_seq:
-                row = conn.execute(
-                    "SELECT seq, chain FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", [run_id]
-                ).fetchone()
-                cached = (int(row[0]), row[1]) if row else (-1, GENESIS)
-            if cached[0] != expected_seq:
-                raise ConcurrencyConflict(
-                    f"run {run_id!r}: expected last seq {expected_seq}, the log is at {cached[0]}; "
-                    "another writer appended first — reload and retry"
-                )
-            stored = self._build_rows(run_id, events, cached)
-            if stored:
-                cols = list(zip(*[
-                    (e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
-                     canonical_json(e.payload), canonical_json(e.meta), e.chain)
-                    for e in stored
-                ]))
-                conn.execute(
-                    "INSERT INTO events SELECT * FROM (SELECT "
-                    "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
-                    "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::JSON[]), unnest(?::JSON[]), "
-                    "unnest(?::VARCHAR[]))",
-                    [list(c) for c in cols],
-                )
-            if consumed is not None:
-                self._write_offset(conn, consumed)
-            conn.execute("COMMIT")
-        except ConcurrencyConflict:
-            conn.execute("ROLLBACK")
-            raise
-        except (duckdb.ConstraintException, duckdb.TransactionException) as exc:
-            self._rollback_quietly(conn)
-            with self._heads_lock:
-                self._heads.pop(run_id, None)
-            raise ConcurrencyConflict(
-                f"run {run_id!r}: another writer appended seq {expected_seq + 1} concurrently ({exc})"
-            ) from exc
-        except BaseException:
-            self._rollback_quietly(conn)
-            with self._heads_lock:
-                self._heads.pop(run_id, None)
-            raise
-        if stored:
-            with self._heads_lock:
-                self._heads[run_id] = (stored[-1].seq, stored[-1].chain)
-        return stored
+        return self.append_many([(run_id, events, expected_seq)], [consumed] if consumed else ())[0]
 
     def append_many(self, batches: Sequence[tuple[str, Sequence[NewEvent], int]],
                     consumed: Sequence[ConsumedOffset] = ()) -> list[list[StoredEvent]]:
@@ -241,20 +191,7 @@ class EventStore:
                 if stored:
                     touched[run_id] = (stored[-1].seq, stored[-1].chain)
                 out.append(stored)
-            rows = [e for stored in out for e in stored]
-            if rows:
-                cols = list(zip(*[
-                    (e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
-                     canonical_json(e.payload), canonical_json(e.meta), e.chain)
-                    for e in rows
-                ]))
-                conn.execute(
-                    "INSERT INTO events SELECT * FROM (SELECT "
-                    "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
-                    "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::JSON[]), unnest(?::JSON[]), "
-                    "unnest(?::VARCHAR[]))",
-                    [list(c) for c in cols],
-                )
+            self._insert_rows(conn, [e for stored in out for e in stored])
             for c in consumed:
                 self._write_offset(conn, c)
             conn.execute("COMMIT")
@@ -266,7 +203,8 @@ class EventStore:
             with self._heads_lock:
                 for run_id, _, _ in batches:
                     self._heads.pop(run_id, None)
-            raise ConcurrencyConflict(f"concurrent append to one of {len(batches)} runs ({exc})") from exc
+            runs = ", ".join(repr(r) for r, _, _ in batches)
+            raise ConcurrencyConflict(f"another writer appended to run {runs} concurrently ({exc})") from exc
         except BaseException:
             self._rollback_quietly(conn)
             with self._heads_lock:
@@ -288,6 +226,23 @@ class EventStore:
         if head[0] != expected_seq:
             raise ConcurrencyConflict(f"run {run_id!r}: expected last seq {expected_seq}, the log is at {head[0]}")
         return self._build_rows(run_id, events, head)
+
+    @staticmethod
+    def _insert_rows(conn, rows: Sequence[StoredEvent]) -> None:
+        """One multi-row INSERT over column lists (not executemany: that is a statement a row)."""
+        if not rows:
+            return
+        cols = list(zip(*[
+            (e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
+             canonical_json(e.payload), canonical_json(e.meta), e.chain) for e in rows
+        ]))
+        conn.execute(
+            "INSERT INTO events SELECT * FROM (SELECT "
+            "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
+            "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::JSON[]), unnest(?::JSON[]), "
+            "unnest(?::VARCHAR[]))",
+            [list(c) for c in cols],
+        )
 
     @staticmethod
     def _rollback_quietly(conn) -> None:
@@ -332,17 +287,7 @@ class EventStore:
         conn = self.conn
         conn.execute("BEGIN TRANSACTION")
         try:
-            cols = list(zip(*[
-                (e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
-                 canonical_json(e.payload), canonical_json(e.meta), e.chain) for e in events
-            ]))
-            conn.execute(
-                "INSERT INTO events SELECT * FROM (SELECT "
-                "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
-                "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::JSON[]), unnest(?::JSON[]), "
-                "unnest(?::VARCHAR[]))",
-                [list(c) for c in cols],
-            )
+            self._insert_rows(conn, events)
             conn.execute("COMMIT")
         except (duckdb.ConstraintException, duckdb.TransactionException) as exc:
             self._rollback_quietly(conn)

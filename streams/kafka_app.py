@@ -69,7 +69,7 @@ class WorkerSettings:
 
 def worker_id_for(name: str | None) -> str:
     # Identity of a process in the group, never part of any payload.
-    return name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    return name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # determinism-ok: consumer name, never in a payload
 
 
 class _ForwardingListener:

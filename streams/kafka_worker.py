@@ -681,7 +681,7 @@ class RunActor:
         w = self.worker
         started = time.monotonic()
         if d.timestamp_ms:
-            w.stats.hop_ms[d.stage].append(max(0.0, time.time() * 1000 - d.timestamp_ms))
+            w.stats.hop_ms[d.stage].append(max(0.0, time.time() * 1000 - d.timestamp_ms))  # determinism-ok: stats
         if isinstance(d.body, RunStart):
             await self._open(d)
             return
