@@ -66,9 +66,11 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
     summary = run_summary(store, rid, ctx.projection.state)
     if spec.backbone != "sim":
         from handlers.llm.usage import llm_usage
+        from replay.task_metrics import EVENT_TYPES, task_metrics
 
         summary["llm"] = llm_usage(store, rid)
         summary["failed"] = len(summary["llm"]["failed_cases"])
+        summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES))
     return RunOutcome(summary, processed, how, ctx.backbone.note)
 
 

@@ -19,7 +19,8 @@ class BackboneChoice:
 
 
 def choose_backbone(backbone: str | None, model: str | None, base_url: str | None,
-                    record_from: str | None, live_fallthrough: bool, max_steps: int) -> BackboneChoice:
+                    record_from: str | None, live_fallthrough: bool, max_steps: int,
+                    summary_every: int = 10) -> BackboneChoice:
     """The default is openai only when an endpoint is configured (--base-url or OPENAI_BASE_URL)."""
     endpoint = base_url or os.environ.get("OPENAI_BASE_URL")
     note = ""
@@ -34,7 +35,7 @@ def choose_backbone(backbone: str | None, model: str | None, base_url: str | Non
         return BackboneChoice("sim", model, note)
     if backbone not in ("openai", "record"):
         raise BackboneUnavailable(f"unknown backbone {backbone!r} (available: sim, openai, record)")
-    opts = {"base_url": base_url, "max_steps": max_steps}
+    opts = {"base_url": base_url, "max_steps": max_steps, "summary_every": summary_every}
     if backbone == "record":
         if not record_from:
             raise BackboneUnavailable("--backbone record needs --record-from RUN (the run whose exchanges to serve)")

@@ -32,6 +32,8 @@ def main() -> None:
 @click.option("--record-db", default=None, help="record backend: DuckDB file holding --record-from (default: --db).")
 @click.option("--live-fallthrough", is_flag=True, help="record backend: call the model on a miss instead of failing.")
 @click.option("--max-steps", default=7, show_default=True, type=click.IntRange(min=1), help="Agent steps per case (openai).")
+@click.option("--summary-every", default=10, show_default=True, type=click.IntRange(min=0),
+              help="RetroSum: summarise the whole history every W agent steps (openai; 0 = off).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
               help="Cases in flight; 0 = strict order (the embedded runner is always strict).")
@@ -42,7 +44,7 @@ def main() -> None:
               help="One transaction per case (default) or per stage (a crash then loses at most one stage).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, record_db, live_fallthrough, max_steps,
-        seed, lag, broker, sim_tools, commit, as_json):
+        summary_every, seed, lag, broker, sim_tools, commit, as_json):
     """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern."""
     from handlers.cases import load_cases
     from handlers.policies.config import load_policy
@@ -54,7 +56,8 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, 
     try:
         cases, source = load_cases(cases_file)
         pol = load_policy(policy)
-        choice = choose_backbone(backbone, model, base_url, record_from, live_fallthrough, max_steps)
+        choice = choose_backbone(backbone, model, base_url, record_from, live_fallthrough, max_steps,
+                                 summary_every)
         note, backbone = choice.note, choice.name
         tools: dict[str, float] = {}
         for spec in sim_tools:

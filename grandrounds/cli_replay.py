@@ -82,19 +82,32 @@ def _json_option(f):
               help="Counterfactual switch (repeatable): no-writing, no-governance, no-valuation, similarity-only, "
                    "procedural-only, episodic-only.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Counterfactual policy field (repeatable).")
-@click.option("--backbone", default=None, help="Counterfactual backbone (default: the source's).")
+@click.option("--backbone", default=None,
+              help="Counterfactual backbone (default: the source's). A run made with a model (openai/record) is "
+                   "replayed from its recorded exchanges; --backbone sim replays its case log with the simulator.")
 @click.option("--model", default=None, help="Counterfactual model name.")
 @click.option("--tag", default=None, help="Name part for this replay's run ids (default: derived from the config).")
 @click.option("--workers", default=None, type=click.IntRange(min=1),
-              help="Worker processes (default: min(runs, CPU cores)); never changes results.")
+              help="Worker processes (default: min(runs, CPU cores)); never changes results. Replays served from "
+                   "a record run in this process, one run after the other.")
+@click.option("--live-fallthrough", is_flag=True,
+              help="Model runs: call the model for a request the source's record does not hold, instead of failing.")
+@click.option("--base-url", default=None, metavar="URL",
+              help="Model runs with --live-fallthrough: OpenAI-compatible endpoint (else OPENAI_BASE_URL; "
+                   "key: OPENAI_API_KEY).")
 @click.option("--plot", "plot_path", default=None, metavar="PNG", help="Draw the curves and their mean band.")
 @click.option("--report", "report_path", default=None, metavar="HTML", help="Write a self-contained HTML report.")
 @_json_option
 def replay(db, source, count, seed, original, policy, ablations, sets, backbone, model, tag, workers,
-           plot_path, report_path, as_json):
-    """Replay a run's case log in K seeded orders (order sensitivity), or under a counterfactual policy."""
+           live_fallthrough, base_url, plot_path, report_path, as_json):
+    """Replay a run's case log in K seeded orders (order sensitivity), or under a counterfactual policy.
+
+    A run made with a model is replayed from its recorded exchanges (exit code 1 when a
+    permutation needs one the record does not hold, unless --live-fallthrough).
+    """
     from grandrounds.app import make_cache
     from grandrounds.replay_output import render_replay
+    from handlers.llm.errors import ReplayDivergence
     from handlers.policies.config import load_policy
     from replay.order_replay import execute_plan, plan_replay
 
@@ -108,12 +121,27 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
             plan = plan_replay(store, source, count, seed, policy=pol, backbone=backbone, model=model,
                                ablations=list(ablations), sets=list(sets), original=original, tag=tag)
             n_workers = workers or max(1, min(len(plan.runs), os.cpu_count() or 1))
+            notes = []
+            if plan.served_from_record:
+                notes.append(f"model run: exchanges served from the record of {source} by request hash, "
+                             + ("the model called on a miss" if live_fallthrough else "no live model calls")
+                             + "; runs execute one after the other in this process (workers=1)")
+                if workers and workers > 1:
+                    notes.append(f"--workers {workers} ignored: model clients are not sent to worker processes")
+                n_workers = 1
+            elif live_fallthrough or base_url:
+                notes.append("--live-fallthrough/--base-url ignored: this replay calls no model")
             bar = _progress(len(plan.runs), "runs", as_json)
             try:
                 result = execute_plan(store, make_cache(store), plan, workers=n_workers,
-                                      on_run=lambda r, res: bar.update(1))
+                                      on_run=lambda r, res: bar.update(1),
+                                      live_fallthrough=live_fallthrough, base_url=base_url)
+            except ReplayDivergence as exc:
+                fail(str(exc), 1, as_json)
             finally:
                 bar.close()
+            if notes:
+                result["notes"] = notes
             if plot_path:
                 from replay.plot import plot_curves
 

@@ -18,19 +18,28 @@ def render_replay(res: dict, db: str) -> str:
         lines.append(f"  counterfactual configuration {res['tag']}")
     width = max(len(r["run_id"]) for r in res["runs"])
     lines.append(f"  {'run':<{width}}  {'order_seed':>10}  {'accuracy':>8}  fingerprint")
+    calls = "llm_calls" in res
     for r in res["runs"]:
         seed = "-" if r["order_seed"] is None else str(r["order_seed"])
         reused = "  (already in db)" if r["reused"] else ""
-        lines.append(f"  {r['run_id']:<{width}}  {seed:>10}  {r['accuracy']:>8.4f}  {r['fingerprint'][:16]}…{reused}")
+        served = f"  model calls {r['llm_calls']['recorded']} recorded / {r['llm_calls']['live']} live" if calls else ""
+        lines.append(f"  {r['run_id']:<{width}}  {seed:>10}  {r['accuracy']:>8.4f}  {r['fingerprint'][:16]}…"
+                     f"{served}{reused}")
     lines.append(f"  accuracy   mean {res['accuracy_mean']:.4f}  σ {res['accuracy_std']:.4f}  "
                  f"min {res['accuracy_min']:.4f}  max {res['accuracy_max']:.4f}   (source order {res['source_accuracy']:.4f})")
     lines.append(f"  mean curve {_curve_points(res['mean_curve'])}   (cases:accuracy so far)")
     if res["cases_executed"]:
         lines.append(f"  executed   {res['cases_executed']} cases in {res['seconds']:.1f} s "
                      f"({res['cases_per_second']} cases/s)")
+    if calls:
+        lines.append(f"  model calls {res['llm_calls']['recorded']} served from the record of {res['served_from']}, "
+                     f"{res['llm_calls']['live']} live"
+                     + ("" if res.get("live_fallthrough") else " (live fall-through off)"))
     for key, label in (("plot", "plot"), ("report", "report")):
         if res.get(key):
             lines.append(f"  {label:<10} {res[key]}")
+    for note in res.get("notes", []):
+        lines.append(f"  note: {note}")
     if res["backbone"] == "sim":
         lines.append(click.style(f"  note: {SIM_CAPTION}", fg="yellow"))
     return "\n".join(lines)

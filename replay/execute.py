@@ -107,13 +107,16 @@ def completed_cases(store: EventStore, run_id: str) -> int:
 # --- in this process -----------------------------------------------------------------------
 
 
-def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob) -> JobResult:
+def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob,
+             backbone_options: dict | None = None) -> JobResult:
+    """Execute `job` here. A run that raises (a `ReplayDivergence`, say) leaves nothing in `target`."""
     t0 = time.perf_counter()
     misses0 = cache.misses
     with EventStore(":memory:") as scratch:
         existing = target.read(job.run_id)
         scratch.import_events(existing)
-        _, processed = execute(scratch, cache, job.run_id, job.spec, job.cases, checkpoint=False)
+        _, processed = execute(scratch, cache, job.run_id, job.spec, job.cases, backbone_options=backbone_options,
+                               checkpoint=False)
         target.import_events(scratch.read(job.run_id, after_seq=existing[-1].seq if existing else -1))
     cache.flush()
     return JobResult(job.run_id, processed, time.perf_counter() - t0, cache.misses - misses0)
@@ -178,8 +181,14 @@ def _keep_vectors(target: EventStore, rows: list[tuple]) -> None:
 
 
 def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], workers: int = 1,
-             on_done: Callable[[RunJob, JobResult], None] | None = None) -> list[JobResult]:
-    """Execute every job; runs already complete in `target` are left as they are."""
+             on_done: Callable[[RunJob, JobResult], None] | None = None,
+             backbone_options: Callable[[RunJob], dict] | None = None) -> list[JobResult]:
+    """Execute every job; runs already complete in `target` are left as they are.
+
+    `backbone_options(job)`, when given, builds the backbone options of each job right before
+    it executes (a model client, recorded exchanges that serving consumes): such jobs run in
+    this process, one after the other — model clients are not sent to worker processes.
+    """
     todo = [j for j in jobs if completed_cases(target, j.run_id) < len(j.cases)]
     todo_ids = {j.run_id for j in todo}
     results: dict[str, JobResult] = {}
@@ -188,10 +197,10 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
             results[j.run_id] = JobResult(j.run_id, 0, 0.0)
             if on_done:
                 on_done(j, results[j.run_id])
-    workers = max(1, min(workers, len(todo)))
+    workers = 1 if backbone_options is not None else max(1, min(workers, len(todo)))
     if workers == 1:
         for j in todo:
-            results[j.run_id] = run_here(target, cache, j)
+            results[j.run_id] = run_here(target, cache, j, backbone_options(j) if backbone_options else None)
             if on_done:
                 on_done(j, results[j.run_id])
         return [results[j.run_id] for j in jobs]

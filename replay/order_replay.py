@@ -4,6 +4,15 @@ Each permutation is a normal run with its own memory, the source's spec (or a
 counterfactual one) and `source` naming the parent run. Run ids are derived from the
 source, the permutation index and the seed, so asking again for the same replay finds the
 runs already in the file and reuses them instead of running twice.
+
+A source run made with a model (backbone `openai` or `record`) is replayed with the record
+backend: every permutation is served the source's recorded exchanges by request hash (a
+fresh copy per run: serving consumes them) and keeps the source's backbone in its spec, so
+its fingerprint compares with the source's and with other replays. A request the record does
+not hold is a `ReplayDivergence` (the run is abandoned, nothing of it is written) unless live
+fall-through is allowed; then the model is called and the run's `llm_calls` says how many
+calls were served from the record and how many went live. Such runs execute one after the
+other in this process: model clients are not sent to worker processes.
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from handlers.cases import Case
+from handlers.llm.errors import ReplayDivergence
+from handlers.llm.record import RecordedExchanges
 from handlers.policies.config import PolicyConfig
 from handlers.runs import RunMismatch, RunSpec, read_spec
 from replay.caselog import case_log, require_spec
@@ -25,8 +36,20 @@ from store.embeddings import EmbeddingCache
 from store.eventstore import EventStore
 
 
+MODEL_BACKBONES = ("openai", "record")
+"""Backbones that call a model: their runs are replayed from the source's recorded exchanges."""
+
+
 class ReplayInputError(ValueError):
     """Bad replay flags (exit code 2)."""
+
+
+class PermutationDiverged(ReplayDivergence):
+    """A replay run asked for an exchange the source's record does not hold (exit code 1)."""
+
+    def __init__(self, message: str, run_id: str):
+        self.run_id = run_id
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -48,6 +71,11 @@ class ReplayPlan:
     cases: list[Case]
     runs: list[PlannedRun]
 
+    @property
+    def served_from_record(self) -> bool:
+        """Whether the runs call a model, served from the source's recorded exchanges."""
+        return self.spec.backbone in MODEL_BACKBONES
+
 
 def plan_replay(store: EventStore, source: str, count: int, seed: int, *, policy: PolicyConfig | None = None,
                 backbone: str | None = None, model: str | None = None, ablations: list[str] | None = None,
@@ -62,13 +90,17 @@ def plan_replay(store: EventStore, source: str, count: int, seed: int, *, policy
     cases = case_log(store, source)
     if not cases:
         raise ReplayInputError(f"run {source!r} has received no cases: nothing to replay")
+    if backbone == "record" and source_spec.backbone in MODEL_BACKBONES:
+        backbone = None  # model runs are always replayed through the record backend; keep the source's spec
     spec = derived_spec(source_spec, source, policy=policy, backbone=backbone, model=model,
                         ablations=ablations, sets=sets)
-    if spec.backbone != "sim":
+    if spec.backbone not in ("sim", *MODEL_BACKBONES):
+        raise ReplayInputError(f"unknown backbone {spec.backbone!r} (available: sim, openai, record)")
+    if spec.backbone != "sim" and source_spec.backbone not in MODEL_BACKBONES:
         raise ReplayInputError(
-            f"replay executes runs with the offline sim backbone; {spec.backbone!r} would call a model for "
-            f"every case of every permutation (serving recorded exchanges is not wired into replay yet). "
-            "Pass --backbone sim to replay this case log with the simulator")
+            f"run {source!r} used the {source_spec.backbone!r} backbone: it recorded no model exchanges to "
+            f"serve, so its case log cannot be replayed with {spec.backbone!r}: replay it with --backbone sim "
+            "(the default for a sim run)")
     if tag is None and is_counterfactual(source_spec, spec):
         tag = variant_tag(spec, ablations)
     stem = f"{source}-{tag}" if tag else source
@@ -88,14 +120,43 @@ def plan_replay(store: EventStore, source: str, count: int, seed: int, *, policy
 
 
 def execute_plan(store: EventStore, cache: EmbeddingCache, plan: ReplayPlan, workers: int = 1,
-                 on_run: Callable[[PlannedRun, JobResult], None] | None = None) -> dict:
-    """Run (or reuse) every planned run; returns the DESIGN §8 replay object."""
+                 on_run: Callable[[PlannedRun, JobResult], None] | None = None, *,
+                 live_fallthrough: bool = False, base_url: str | None = None) -> dict:
+    """Run (or reuse) every planned run; returns the DESIGN §8 replay object.
+
+    For a model-backed plan, each run is served the source's recorded exchanges (a fresh copy
+    per run), in this process (`workers` is then 1); `live_fallthrough` calls the model at
+    `base_url` (else OPENAI_BASE_URL) for a request the record does not hold, instead of
+    raising `PermutationDiverged`.
+    """
     t0 = time.perf_counter()
     by_id = {r.run_id: r for r in plan.runs}
-    results = run_jobs(store, cache, [r.job for r in plan.runs], workers=workers,
-                       on_done=(lambda j, res: on_run(by_id[j.run_id], res)) if on_run else None)
+    options = None
+    current: list[str] = []
+    if plan.served_from_record:
+        workers = 1
+
+        def options(job: RunJob) -> dict:
+            current.append(job.run_id)
+            return {"recorded": RecordedExchanges.from_store(store, plan.source),
+                    "live_fallthrough": live_fallthrough, "base_url": base_url}
+    try:
+        results = run_jobs(store, cache, [r.job for r in plan.runs], workers=workers,
+                           on_done=(lambda j, res: on_run(by_id[j.run_id], res)) if on_run else None,
+                           backbone_options=options)
+    except ReplayDivergence as exc:
+        if not current or isinstance(exc, PermutationDiverged):
+            raise
+        run_id = current[-1]
+        raise PermutationDiverged(
+            f"replay run {run_id!r} diverged from the record of run {plan.source!r}: {exc}. Nothing of "
+            f"{run_id!r} was written. Pass --live-fallthrough (with --base-url URL or OPENAI_BASE_URL) to call "
+            "the model for requests the record does not hold", run_id) from exc
     elapsed = time.perf_counter() - t0
-    return replay_result(store, plan, results, workers, elapsed)
+    result = replay_result(store, plan, results, workers, elapsed)
+    if plan.served_from_record:
+        result["live_fallthrough"] = live_fallthrough
+    return result
 
 
 def replay_result(store: EventStore, plan: ReplayPlan, results: list[JobResult], workers: int,
@@ -109,12 +170,14 @@ def replay_result(store: EventStore, plan: ReplayPlan, results: list[JobResult],
             "fingerprint": store.fingerprint(r.run_id), "reused": res.processed == 0,
             "seconds": round(res.seconds, 3), "cumulative_accuracy": s["cumulative_accuracy"],
         })
+        if plan.served_from_record:
+            runs[-1]["llm_calls"] = llm_calls(store, r.run_id)
     accs = [r["accuracy"] for r in runs]
     mean = sum(accs) / len(accs)
     std = math.sqrt(sum((a - mean) ** 2 for a in accs) / len(accs))
     source_stats = summarise(outcomes_of(store, plan.source))
     executed = sum(res.processed for res in results)
-    return {
+    out = {
         "source": plan.source,
         "source_accuracy": source_stats["accuracy"],
         "cases": len(plan.cases),
@@ -135,6 +198,22 @@ def replay_result(store: EventStore, plan: ReplayPlan, results: list[JobResult],
         "seconds": round(elapsed, 3),
         "cases_per_second": round(executed / elapsed, 1) if executed and elapsed > 0 else None,
     }
+    if plan.served_from_record:
+        out["served_from"] = plan.source
+        out["llm_calls"] = {k: sum(r["llm_calls"][k] for r in runs) for k in ("recorded", "live")}
+    return out
+
+
+def llm_calls(store: EventStore, run_id: str) -> dict[str, int]:
+    """The run's model exchanges (attempts) by how they were served: from the record, or live
+    (a live run's calls, or live fall-through on a miss)."""
+    rows = store.conn.execute(
+        "SELECT meta->>'served', count(*) FROM events WHERE run_id = ? AND type = 'llm.exchange' GROUP BY 1",
+        [run_id]).fetchall()
+    counts = {"recorded": 0, "live": 0}
+    for served, n in rows:
+        counts["recorded" if served == "record" else "live"] += int(n)
+    return counts
 
 
 def mean_curve(curves: list[list[float]]) -> list[float]:

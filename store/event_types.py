@@ -90,7 +90,9 @@ class MemoryRetrieved(EventPayload):
 
 
 class AgentStep(_Part):
-    kind: Literal["reasoning", "tool", "observation", "response"]
+    kind: Literal["reasoning", "tool", "observation", "response", "summary"]
+    """`summary`: a RetroSum retrospective summary written after that step (openai agent only;
+    added later, so older logs simply never contain it)."""
     content: str
 
 

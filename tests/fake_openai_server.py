@@ -2,8 +2,9 @@
 
 It plays the agent by the ReAct protocol (follow a memory rule naming an option, else call
 the first tool once, else adopt a tool's letter, else pick by lexical overlap) and the
-reflector by returning JSON. `script` injects failures: entries (kind, action) with kind
-`act`, `reflect` or `any`, consumed by the first matching request.
+reflector by returning JSON; as the RetroSum summariser it lists every observation of the
+history it was sent. `script` injects failures: entries (kind, action) with kind `act`,
+`reflect`, `summarise` or `any`, consumed by the first matching request.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ class FakeOpenAI:
         with self._lock:
             self.requests.append(body)
             self.auth_headers.append(auth)
-            kind = "reflect" if body["messages"][0]["content"].startswith("You maintain") else "act"
+            system = body["messages"][0]["content"]
+            kind = ("reflect" if system.startswith("You maintain") else
+                    "summarise" if system.startswith("You are the retrospective summariser") else "act")
             action = None
             for i, (k, a) in enumerate(self.script):
                 if k in (kind, "any"):
@@ -109,6 +112,8 @@ class FakeOpenAI:
     def _text(self, kind: str, messages: list[dict], action: str | None) -> str:
         if kind == "reflect":
             return self._reflection(messages, action)
+        if kind == "summarise":
+            return self._summary(messages)
         if action == "bad_json_tool":
             return '<reasoning>I should look it up.</reasoning>\n<tool>{"name": oops</tool>'
         if action == "no_action":
@@ -140,6 +145,11 @@ class FakeOpenAI:
         q = _words(task.split("## Case", 1)[-1].split("Options:", 1)[0])
         best = sorted(options, key=lambda k: (-len(_words(options[k]) & q), k))[0]
         return f"<reasoning>Option {best} overlaps the presentation most.</reasoning>\n<response>{best}</response>"
+
+    def _summary(self, messages: list[dict]) -> str:
+        observations = re.findall(r"^Observation: (.*)$", messages[1]["content"], re.MULTILINE)
+        lines = [f"- step {i}: {o[:80]}" for i, o in enumerate(observations, start=1)]
+        return f"Retrospective summary of {len(observations)} steps:\n" + "\n".join(lines)
 
     def _reflection(self, messages: list[dict], action: str | None) -> str:
         if action == "bad_reflection":

@@ -7,6 +7,9 @@ breaking (the same action with the same input `loop_repeats` times in a row adds
 and pinned findings (from step `pin_at_step` on, the tool results seen so far are pinned
 under their own marker). SkeMex summarises findings with a small model call; here they are
 the tool observations themselves, verbatim — no extra call, nothing invented.
+
+A RetroSum summary (`handlers/agent/retrosum.py`), when there is one, is rendered after the
+raw turns, before the notices: the actor sees the whole raw history plus the latest summary.
 """
 
 from __future__ import annotations
@@ -47,12 +50,19 @@ FINAL_NOTICE = ("[Final step: tools are disabled. Give <reasoning>...</reasoning
                 "<response>LETTER</response> now.]")
 
 
+SUMMARY_HEADER = "## Retrospective summary (written after step {step}; the raw history above is complete)"
+
+
 def render(system: str, task: str, history: list[HistoryTurn], step: int, final: bool,
-           cfg: GuardConfig = GuardConfig()) -> list[dict[str, str]]:
-    """Messages for `step` (1-based): system, task (with memory), then the turns, then notices."""
+           cfg: GuardConfig = GuardConfig(), summary: tuple[int, str] | None = None) -> list[dict[str, str]]:
+    """Messages for `step` (1-based): system, task (with memory), then the turns, then the latest
+    RetroSum summary (`(written after step, text)`) if any, then notices."""
     notices: list[str] = []
+    if summary is not None:
+        notices.append(SUMMARY_HEADER.format(step=summary[0]) + "\n" + summary[1])
     full = estimate_tokens(system) + estimate_tokens(task) + sum(
-        estimate_tokens(t.output) + estimate_tokens(t.observation) for t in history)
+        estimate_tokens(t.output) + estimate_tokens(t.observation) for t in history) + sum(
+        estimate_tokens(n) for n in notices)
     trim = full > cfg.trim_ratio * cfg.token_budget
     cut_before = len(history) - cfg.keep_last
     messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]

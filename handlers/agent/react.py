@@ -6,6 +6,8 @@ corrective observation; a valid response ends the loop. On the last step tools a
 forbidden, and if the output still breaks the protocol its tag-stripped text is aligned to
 an option (SkeMex's fallback). If even that fails, `CaseFailure` carries the trajectory.
 The recorded trajectory (`AgentStep`s) is complete: trimming is only in the prompt.
+Every `summary_every` steps RetroSum (`retrosum.py`) writes a summary of the whole raw
+history; the actor's later prompts show it after the raw turns.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from handlers.agent.guard import GuardConfig, HistoryTurn, render
 from handlers.agent.protocol import fallback_answer, parse_turn
+from handlers.agent.retrosum import due, summarise
 from handlers.backbones.base import CaseFailure
 from handlers.cases import CaseView
 from handlers.llm.errors import LLMUnavailable
@@ -36,6 +39,9 @@ Available tools: {tools}"""
 class AgentConfig:
     max_steps: int = 7
     guard: GuardConfig = GuardConfig()
+    summary_every: int = 10
+    """RetroSum window w (the paper's 10): a summary after every w-th step; 0 turns it off.
+    With the default 7 steps it never fires; set it below max_steps to use it."""
 
 
 def task_prompt(view: CaseView, memory: MemoryRetrieved) -> str:
@@ -60,9 +66,10 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
     history: list[HistoryTurn] = []
     steps: list[AgentStep] = []
     outputs: list[tuple[str, str | None]] = []
+    summary: tuple[int, str] | None = None
     for step in range(1, cfg.max_steps + 1):
         final = step == cfg.max_steps
-        messages = render(system, task, history, step, final, cfg.guard)
+        messages = render(system, task, history, step, final, cfg.guard, summary)
         try:
             reply = await gateway.complete(messages, recorder, f"react-step-{step}")
         except LLMUnavailable as exc:
@@ -89,6 +96,13 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
             observation, finding = turn.error or "format error", False
         steps.append(AgentStep(kind="observation", content=observation))
         history.append(HistoryTurn(reply.text, observation, turn.signature, finding))
+        if due(step, cfg.summary_every, final):
+            try:
+                written = await summarise(gateway, view, history, recorder)
+            except LLMUnavailable as exc:
+                raise CaseFailure(f"model unavailable for the summary after step {step}: {exc}", steps) from None
+            summary = (step, written.text.strip())
+            steps.append(AgentStep(kind="summary", content=summary[1]))
     raise CaseFailure(f"no valid answer after {cfg.max_steps} steps", steps)  # max_steps < 1
 
 

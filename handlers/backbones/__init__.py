@@ -12,8 +12,9 @@ class BackboneUnavailable(ValueError):
 
 def make_backbone(name: str, model: str | None = None, **options):
     """Options for openai/record: base_url, api_key (default: $OPENAI_API_KEY), timeout, retry
-    (RetryPolicy), params, max_steps, structured ('auto'|'schema'|'prompt'), recorded
-    (RecordedExchanges: serve those instead of calling the model), live_fallthrough (bool).
+    (RetryPolicy), params, max_steps, summary_every (RetroSum window w; 0 = off), structured
+    ('auto'|'schema'|'prompt'), recorded (RecordedExchanges: serve those instead of calling the
+    model), live_fallthrough (bool).
     The sim backbone takes none and ignores them."""
     if name == "sim":
         from handlers.backbones.sim import SimBackbone

@@ -1,0 +1,189 @@
+"""Per-run task metrics of the SELSM paper (§2.5), computed from a run's events.
+
+Pure functions: they take events (anything with `.type`, `.case_id` and a `.payload` dict, as
+`EventStore.iter` yields) and never touch a store, a clock or a model. N is the number of
+`case.received` events. How each quantity maps to our events:
+
+- completed(dᵢ): an `answer.given` was recorded for the case — the agent loop ended with an
+  answer within its step budget, including the final-step fallback (an answer aligned from
+  untagged text, source `llm:fallback`), which is how our protocol finishes. An `act`-stage
+  `case.failed` means not completed.
+- success(dᵢ): completed and graded correct (`case.completed.correct`, which is the exact-match
+  grade of `feedback.recorded`). So for MCQ runs SR = 100 × the summary's `accuracy`.
+- Tᵢ (turns): model turns of the agent loop = `AgentStep`s of kind `reasoning` in the case's
+  `answer.given` (or act `case.failed`) trajectory; the openai agent records exactly one per
+  turn, RetroSum summaries (`summary` steps) are not turns. The sim backbone records its own
+  reasoning steps, so its turn counts mean less. Tool calls: steps of kind `tool` (executed).
+  `avg_turns` and `avg_tool_calls` are means over all N tasks (the paper's Fig. 3d).
+- T_min: 1 for MCQ (a `<response>` on the first turn); a parameter for tasks whose minimum
+  interaction cycle is longer.
+- invalid(dᵢ), timeout(dᵢ) for ER: SELSM counts tasks ended by an invalid action and tasks that
+  hit the interaction limit. Our loop never ends on an invalid action (it answers with a
+  corrective observation; the final step forbids tools and falls back to aligning untagged
+  text), so: timeout = act `case.failed` "no valid answer after N steps" (the budget ran out
+  with the final output still unusable); invalid = any other act `case.failed` (model
+  unreachable after retries, auth error, a failed RetroSum summary: aborted by an error rather
+  than by the budget). Every act failure is one of the two, so here ER = TC/100.
+- cᵢ (tokens): prompt + completion tokens of the case's successful `llm.exchange`s, all stages
+  (act, RetroSum, reflect); failed attempts carry no usage. `act_tokens_per_correct_task`
+  counts the act stage only (the agent's episode proper, as in SELSM).
+
+Not computable on MCQ runs: Q-SR, A-SR and hence QAB need SELSM's partition into query tasks
+(information retrieval) and action tasks (state-modifying FHIR POSTs); an MCQ case is neither,
+so they are None until a run holds classified tasks (`classify` maps a `case.received` case to
+`"query"`, `"action"` or None). QAB is None when Q-SR or A-SR is, or both are 0 (0/0).
+
+TC, SR, Q-SR, A-SR and OSR are percentages, ER and QAB fractions, as in the paper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal, Protocol
+
+TaskClass = Literal["query", "action"]
+
+EVENT_TYPES = ("case.received", "answer.given", "case.failed", "case.completed", "llm.exchange")
+"""What the metrics read: pass `types=EVENT_TYPES` to `EventStore.iter` to read no more."""
+
+
+class EventLike(Protocol):
+    type: str
+    case_id: str | None
+    payload: dict[str, Any]
+
+
+def task_class(case: dict[str, Any]) -> TaskClass | None:
+    """SELSM's query/action partition. MCQ cases are neither (no FHIR task types yet)."""
+    return None
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    case_id: str
+    task_class: TaskClass | None
+    completed: bool
+    success: bool
+    turns: int
+    tool_calls: int
+    timeout: bool
+    invalid: bool
+    fallback: bool
+    """Answered by aligning the final step's untagged text (no valid `<response>`)."""
+    tokens: int
+    act_tokens: int
+
+
+def task_records(events: Iterable[EventLike],
+                 classify: Callable[[dict[str, Any]], TaskClass | None] = task_class) -> list[TaskRecord]:
+    """One record per `case.received`, in stream order."""
+    order: list[str] = []
+    acc: dict[str, dict[str, Any]] = {}
+
+    def row(cid: str) -> dict[str, Any]:
+        return acc.setdefault(cid, {"cls": None, "answer": None, "failed": None, "correct": False,
+                                    "tokens": 0, "act_tokens": 0})
+
+    for e in events:
+        if e.case_id is None:
+            continue
+        p = e.payload
+        if e.type == "case.received":
+            order.append(e.case_id)
+            row(e.case_id)["cls"] = classify(p["case"])
+        elif e.type == "answer.given":
+            row(e.case_id)["answer"] = p
+        elif e.type == "case.failed" and p["stage"] == "act":
+            row(e.case_id)["failed"] = p
+        elif e.type == "case.completed":
+            row(e.case_id)["correct"] = bool(p["correct"])
+        elif e.type == "llm.exchange" and p.get("outcome") == "ok":
+            usage = p.get("usage") or {}
+            n = int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+            r = row(e.case_id)
+            r["tokens"] += n
+            if p.get("stage") == "act":
+                r["act_tokens"] += n
+    out = []
+    for cid in order:
+        r = acc[cid]
+        answer, failed = r["answer"], r["failed"]
+        steps = (answer or failed or {}).get("steps", [])
+        completed = answer is not None and failed is None
+        timeout = failed is not None and failed["reason"].startswith("no valid answer")
+        out.append(TaskRecord(
+            case_id=cid, task_class=r["cls"], completed=completed, success=completed and r["correct"],
+            turns=sum(s["kind"] == "reasoning" for s in steps), tool_calls=sum(s["kind"] == "tool" for s in steps),
+            timeout=timeout, invalid=failed is not None and not timeout,
+            fallback=answer is not None and answer.get("source") == "llm:fallback",
+            tokens=r["tokens"], act_tokens=r["act_tokens"]))
+    return out
+
+
+def _pct(hits: int, n: int) -> float | None:
+    return round(100.0 * hits / n, 6) if n else None
+
+
+def tc(records: list[TaskRecord]) -> float | None:
+    """Task Completion (Eq. 10), percent."""
+    return _pct(sum(r.completed for r in records), len(records))
+
+
+def sr(records: list[TaskRecord], cls: TaskClass | None = None) -> float | None:
+    """Success Rate (Eq. 11), or Q-SR / A-SR (Eq. 12, 13) over one task class; None if empty."""
+    pool = records if cls is None else [r for r in records if r.task_class == cls]
+    return _pct(sum(r.success for r in pool), len(pool))
+
+
+def osr(records: list[TaskRecord], t_min: int = 1) -> float | None:
+    """One-Shot correct Rate (Eq. 14), percent: successes in exactly `t_min` turns."""
+    return _pct(sum(r.success and r.turns == t_min for r in records), len(records))
+
+
+def er(records: list[TaskRecord]) -> float | None:
+    """Error Robustness (Eq. 15): 1 − r_inv − r_lim, a fraction."""
+    if not records:
+        return None
+    n = len(records)
+    return round(1.0 - sum(r.invalid for r in records) / n - sum(r.timeout for r in records) / n, 6)
+
+
+def qab(q_sr: float | None, a_sr: float | None) -> float | None:
+    """Query-Action Balance (Eq. 16); None when either rate is missing or both are 0."""
+    if q_sr is None or a_sr is None or max(q_sr, a_sr) == 0:
+        return None
+    return round(1.0 - abs(q_sr - a_sr) / max(q_sr, a_sr), 6)
+
+
+def tokens_per_correct(records: list[TaskRecord], act_only: bool = False) -> float | None:
+    """Token cost per correct task (Eq. 17): mean cᵢ over successes; None without one."""
+    wins = [r.act_tokens if act_only else r.tokens for r in records if r.success]
+    return round(sum(wins) / len(wins), 3) if wins else None
+
+
+def _mean(values: list[int]) -> float | None:
+    return round(sum(values) / len(values), 3) if values else None
+
+
+def task_metrics(events: Iterable[EventLike], t_min: int = 1,
+                 classify: Callable[[dict[str, Any]], TaskClass | None] = task_class) -> dict[str, Any]:
+    """The `metrics` object of a non-sim run summary."""
+    records = task_records(events, classify)
+    n = len(records)
+    q, a = sr(records, "query"), sr(records, "action")
+    missing = {}
+    if q is None or a is None:
+        missing["q_sr/a_sr/qab"] = "needs query/action tasks (FHIR); MCQ cases are neither"
+    return {
+        "n": n, "tc": tc(records), "sr": sr(records), "q_sr": q, "a_sr": a, "osr": osr(records, t_min),
+        "t_min": t_min, "er": er(records),
+        "r_inv": round(sum(r.invalid for r in records) / n, 6) if n else None,
+        "r_lim": round(sum(r.timeout for r in records) / n, 6) if n else None,
+        "qab": qab(q, a),
+        "tokens_per_correct_task": tokens_per_correct(records),
+        "act_tokens_per_correct_task": tokens_per_correct(records, act_only=True),
+        "avg_turns": _mean([r.turns for r in records]),
+        "avg_tool_calls": _mean([r.tool_calls for r in records]),
+        "fallback_answers": sum(r.fallback for r in records),
+        "not_computed": missing,
+    }
