@@ -130,6 +130,10 @@ from grandrounds.cli_convert import convert  # noqa: E402
 
 main.add_command(convert)
 
+from grandrounds.cli_medagentbench import medagentbench  # noqa: E402
+
+main.add_command(medagentbench)
+
 if __name__ == "__main__":
     main()
 from grandrounds import cli_replay  # noqa: E402,F401

@@ -113,3 +113,41 @@ def load_cases(path: str | Path) -> tuple[list[Case], str]:
     except UnicodeDecodeError as exc:
         raise CaseFileError(str(path), None, None, f"not UTF-8 text ({exc.reason})") from None
     return parse_cases(text.splitlines(), str(path)), sha256_hex(text)
+
+
+class FhirCaseView(BaseModel):
+    """What the acting agent may see of a MedAgentBench task: no `sol`, no `eval_mrn`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    case_id: str
+    kind: Literal["fhir"]
+    instruction: str
+    context: str
+    task_type: int
+    category: str
+
+
+class FhirCase(BaseModel):
+    """A MedAgentBench FHIR task (`handlers/environments/medagentbench.py`): the official `instruction`
+    and `context`, the task type (1-10), the patient graded against (`eval_mrn`, absent for the two
+    "Patient not found" task-1 cases) and, for task 1 only, the official answer `sol`.
+
+    Kept apart from `Case` for now: `Case` is also the Kafka wire contract (docs/asyncapi.json), and
+    the pipeline stages take mcq cases only; fhir cases run through `handlers.agent.fhir_react`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    case_id: str = Field(min_length=1)
+    kind: Literal["fhir"] = "fhir"
+    instruction: str = Field(min_length=1)
+    context: str
+    task_type: int = Field(ge=1, le=10)
+    eval_mrn: str | None = None
+    sol: list | None = None
+    category: str = Field(default="medagentbench", min_length=1)
+
+    def view(self) -> FhirCaseView:
+        return FhirCaseView(case_id=self.case_id, kind=self.kind, instruction=self.instruction,
+                            context=self.context, task_type=self.task_type, category=self.category)

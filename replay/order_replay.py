@@ -136,10 +136,12 @@ def execute_plan(store: EventStore, cache: EmbeddingCache, plan: ReplayPlan, wor
     if plan.served_from_record:
         workers = 1
 
-        def options(job: RunJob) -> dict:
+        def recorded_options(job: RunJob) -> dict:
             current.append(job.run_id)
             return {"recorded": RecordedExchanges.from_store(store, plan.source),
                     "live_fallthrough": live_fallthrough, "base_url": base_url}
+
+        options = recorded_options
     try:
         results = run_jobs(store, cache, [r.job for r in plan.runs], workers=workers,
                            on_done=(lambda j, res: on_run(by_id[j.run_id], res)) if on_run else None,

@@ -192,8 +192,7 @@ class EventStore:
                     touched[run_id] = (stored[-1].seq, stored[-1].chain)
                 out.append(stored)
             self._insert_rows(conn, [e for stored in out for e in stored])
-            for c in consumed:
-                self._write_offset(conn, c)
+            self._write_offsets(conn, consumed)
             conn.execute("COMMIT")
         except ConcurrencyConflict:
             conn.execute("ROLLBACK")
@@ -401,6 +400,29 @@ class EventStore:
     def save_offset(self, consumed: ConsumedOffset) -> None:
         """Store a Kafka position that carries no events (a skipped duplicate, a restore point)."""
         self._write_offset(self.conn, consumed)
+
+    @classmethod
+    def _write_offsets(cls, conn, consumed: Sequence[ConsumedOffset]) -> None:
+        """Several Kafka positions (a group commit's partitions) with one UPDATE, not one each."""
+        latest = {(c.group_id, c.topic, c.partition): c for c in consumed}  # last one wins, as in order
+        if len(latest) <= 1:
+            for c in latest.values():
+                cls._write_offset(conn, c)
+            return
+        keys = list(latest)
+        updated = conn.execute(
+            "UPDATE consumer_offsets SET next_offset = v.o FROM (SELECT unnest(?::VARCHAR[]) AS g, "
+            "unnest(?::VARCHAR[]) AS t, unnest(?::INTEGER[]) AS p, unnest(?::BIGINT[]) AS o) AS v "
+            "WHERE consumer_offsets.group_id = v.g AND consumer_offsets.topic = v.t "
+            "AND consumer_offsets.partition = v.p "
+            "RETURNING consumer_offsets.group_id, consumer_offsets.topic, consumer_offsets.partition",
+            [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
+             [latest[k].next_offset for k in keys]],
+        ).fetchall()
+        present = {(g, t, int(p)) for g, t, p in updated}
+        for k in keys:
+            if k not in present:
+                conn.execute("INSERT INTO consumer_offsets VALUES (?, ?, ?, ?)", [*k, latest[k].next_offset])
 
     @staticmethod
     def _write_offset(conn, consumed: ConsumedOffset) -> None:

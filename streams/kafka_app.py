@@ -272,10 +272,13 @@ class KafkaWorkerApp:
         result = await self.publishers[stage].publish(cmd, key=cmd.run_id.encode(), no_confirm=not confirm)
         return None if confirm else result
 
-    async def _publish_changelog(self, stored) -> None:
+    async def _publish_changelog(self, stored, confirm: bool = True):
+        """Produce a batch to the changelog; with confirm=False, return the future of its acknowledgement."""
         value, headers = encode_batch(stored)
-        await self.publishers["changelog"].publish(
-            value, key=stored[0].run_id.encode(), headers={k: v.decode() for k, v in headers})
+        result = await self.publishers["changelog"].publish(
+            value, key=stored[0].run_id.encode(), headers={k: v.decode() for k, v in headers},
+            no_confirm=not confirm)
+        return None if confirm else result
 
     async def _publish_dead_letter(self, letter: DeadLetter, key: bytes | None) -> None:
         await self.publishers["dead_letter"].publish(letter, key=key)

@@ -155,34 +155,58 @@ Publish = Callable[..., Awaitable[Any]]
 
 
 class GroupCommit:
-    """Commits the stage batches that became ready in one turn of the event loop together.
+    """Commits the stage batches of several runs together, in one DuckDB transaction.
 
     Each run's step still commits its events with its consumed offset atomically; several
-    runs' steps just share one DuckDB transaction (one INSERT, one COMMIT), which is most of a
-    step's cost here. A lone step takes the plain `EventWriter.flush` path.
+    runs' steps just share one transaction (one INSERT, one COMMIT), which is most of a step's
+    cost here. A batch waits for the others only while steps are known to be on their way (their
+    changelog acks outstanding), and never longer than `linger` seconds; a lone step commits at
+    once, through the plain `EventWriter.flush` path.
     """
 
-    def __init__(self, worker: "KafkaWorker"):
+    def __init__(self, worker: "KafkaWorker", linger: float = 0.004):
         self.worker = worker
+        self.linger = linger
         self._queue: list[tuple[Any, Delivery, asyncio.Future]] = []  # (EventWriter, delivery, result)
-        self._scheduled = False
+        self._handle: asyncio.Handle | None = None
+        self._lingering = False
+        self._deadline = 0.0
+        self._incoming = 0
         self.transactions = 0
         self.batches = 0
+
+    def expect(self) -> None:
+        """A step's changelog batch is on its way; its commit will follow the ack."""
+        self._incoming += 1
+
+    def arrived(self) -> None:
+        self._incoming -= 1
 
     def submit(self, writer, d: Delivery) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if not self._queue:
+            self._deadline = loop.time() + self.linger
         self._queue.append((writer, d, fut))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._run)
+        if self._handle is None or (self._lingering and self._incoming <= 0):
+            if self._handle is not None:
+                self._handle.cancel()
+            self._lingering = False
+            self._handle = loop.call_soon(self._run)
         return fut
 
     def _run(self) -> None:
-        self._scheduled = False
-        items, self._queue = self._queue, []
-        if not items:
+        self._handle = None
+        self._lingering = False
+        if not self._queue:
             return
+        loop = asyncio.get_running_loop()
+        wait = self._deadline - loop.time()
+        if self._incoming > 0 and wait > 0:
+            self._lingering = True
+            self._handle = loop.call_later(wait, self._run)
+            return
+        items, self._queue = self._queue, []
         self.transactions += 1
         self.batches += len(items)
         if len(items) > 1:
@@ -725,14 +749,23 @@ class RunActor:
         """
         w = self.worker
         ctx = self.ctx
+        logged = None
         if batch and w.publish_changelog is not None:
-            await w.publish_changelog(batch)
-        # The next command is sent now and confirmed after the DuckDB commit, overlapping the two.
-        # It cannot be processed early: it belongs to this run, whose task is busy with this step.
+            logged = await w.publish_changelog(batch, confirm=False)
+        # The next command is sent with the changelog batch (one produce request, one round trip)
+        # and confirmed after the DuckDB commit. It cannot be processed early: it belongs to this
+        # run, whose task is busy with this step; and if a crash loses this step, the command
+        # waits in the run's mailbox until the redelivered step has run again (then it is next).
         sent = None
         if stage != "govern" and w.publish_stage is not None:
             sent = await w.publish_stage(next_stage(self.progress), StageCommand(
                 run_id=self.run_id, index=self.index, case_id=self.case.case_id), confirm=False)
+        if logged is not None:
+            w.group_commit.expect()
+            try:
+                await logged  # the changelog holds the batch before this file does
+            finally:
+                w.group_commit.arrived()
         try:
             stored = await w.group_commit.submit(ctx.writer, d)
         except Exception as exc:  # noqa: BLE001 - DuckDB refused the transaction

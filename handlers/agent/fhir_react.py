@@ -1,0 +1,170 @@
+"""The ReAct loop for MedAgentBench FHIR cases, and a `sim` agent that runs the same path offline.
+
+Same SkeMex protocol as the MCQ loop (`<reasoning>` then one `<tool>{json}</tool>` or `<response>`),
+same context guard and step bound; the tools are the benchmark's FHIR functions (`funcs_v1.json`)
+executed by `FhirTools` against the sandbox or a real server (`--fhir-base`), and the answer is the
+benchmark's `FINISH([...])` list. The FHIR calls land in `tools.trajectory`, which is what grading
+reads (accepted POSTs and the FINISH payload), as the official evaluation does.
+Not yet wired into `grandrounds run` (the pipeline stages take mcq cases only).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+
+from handlers.agent.guard import FINAL_NOTICE, HistoryTurn, render
+from handlers.agent.protocol import _TAG, Turn
+from handlers.agent.react import AgentConfig
+from handlers.backbones.base import CaseFailure
+from handlers.cases import FhirCaseView
+from handlers.environments.medagentbench import NOW, TASK8_COMMENT, FhirTools, calculate_age, finish_payload
+from handlers.llm.errors import LLMUnavailable
+from handlers.llm.gateway import LLMGateway
+from handlers.llm.recorder import Recorder
+from store.event_types import AgentStep, AnswerGiven
+
+FHIR_SYSTEM = """You are an expert in using FHIR functions to assist medical professionals.
+Every turn: first <reasoning>...</reasoning>, then exactly ONE action:
+  <tool>{{"name": "<function name>", "arguments": {{...}}}}</tool>   to call one FHIR function
+      (GET: the arguments are the query parameters; POST: the arguments are the JSON payload), or
+  <response>FINISH([answer1, answer2, ...])</response>   when all requested tasks are done
+      (a JSON list; use FINISH([]) when nothing is asked back).
+Only one action per turn. You have at most {max_steps} turns; on the last one functions are disabled.
+Available functions:
+{functions}"""
+
+FHIR_FINAL_NOTICE = ("[Final step: functions are disabled. Give <reasoning>...</reasoning> and then "
+                     "<response>FINISH([...])</response> now.]")
+
+
+def functions_block(tools: FhirTools) -> str:
+    lines = []
+    for f in tools.functions.values():
+        summary = f.description.split("\n")[0][:300]
+        lines.append(f"- {f.name} ({f.method} {f.resource}): {summary}\n  parameters: {json.dumps(f.parameters)}")
+    return "\n".join(lines)
+
+
+def fhir_task_prompt(view: FhirCaseView, memory_prefix: str = "") -> str:
+    block = f"## Memory\n{memory_prefix}\n\n" if memory_prefix else ""
+    return f"{block}## Context\n{view.context}\n\n## Question\n{view.instruction}"
+
+
+def parse_fhir_turn(text: str, tools: list[str], tools_allowed: bool = True) -> Turn:
+    reasoning = " ".join(m.strip() for m in _TAG["reasoning"].findall(text))
+    found, responses = _TAG["tool"].findall(text), _TAG["response"].findall(text)
+    if len(found) + len(responses) == 0:
+        return Turn("invalid", reasoning, error=(
+            "Format error: missing action. After <reasoning>...</reasoning> give exactly one "
+            "<tool>{\"name\": ..., \"arguments\": {...}}</tool> or <response>FINISH([...])</response>."))
+    if len(found) + len(responses) > 1:
+        return Turn("invalid", reasoning, error="Format error: exactly one action per turn (one <tool> or one <response>).")
+    if responses:  # the benchmark ends at FINISH whatever it holds; grading judges the payload
+        return Turn("response", reasoning, answer=finish_payload(responses[0]))
+    if not tools_allowed:
+        return Turn("invalid", reasoning, error="Functions are disabled on the final step: give <response>FINISH([...])</response>.")
+    try:
+        data = json.loads(found[0])
+    except json.JSONDecodeError as exc:
+        return Turn("invalid", reasoning, error=f"Parse error: the <tool> block is not valid JSON ({exc.msg} at column {exc.colno}).")
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not isinstance(data.get("arguments", {}), dict):
+        return Turn("invalid", reasoning, error='Parse error: the <tool> JSON must be {"name": "<function>", "arguments": {...}}.')
+    if data["name"] not in tools:
+        return Turn("invalid", reasoning, error=f"Tool error: unknown function {data['name']!r}; available: {', '.join(tools)}.")
+    return Turn("tool", reasoning, tool=data["name"], arguments=data.get("arguments", {}))
+
+
+async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirTools, recorder: Recorder,
+                         cfg: AgentConfig = AgentConfig(), memory_prefix: str = "") -> AnswerGiven:
+    system = FHIR_SYSTEM.format(max_steps=cfg.max_steps, functions=functions_block(tools))
+    task = fhir_task_prompt(view, memory_prefix)
+    history: list[HistoryTurn] = []
+    steps: list[AgentStep] = []
+    for step in range(1, cfg.max_steps + 1):
+        final = step == cfg.max_steps
+        messages = [{**m, "content": m["content"].replace(FINAL_NOTICE, FHIR_FINAL_NOTICE)}
+                    for m in render(system, task, history, step, final, cfg.guard)]
+        try:
+            reply = await gateway.complete(messages, recorder, f"fhir-step-{step}")
+        except LLMUnavailable as exc:
+            raise CaseFailure(f"model unavailable at step {step}: {exc}", steps) from None
+        turn = parse_fhir_turn(reply.text, tools.names, tools_allowed=not final)
+        steps.append(AgentStep(kind="reasoning", content=turn.reasoning or reply.text))
+        if turn.kind == "response":
+            tools.finish(turn.answer)
+            steps.append(AgentStep(kind="response", content=turn.answer))
+            return AnswerGiven(answer=turn.answer, source="llm", steps=steps)
+        if turn.kind == "tool":
+            observation = tools.call(turn.tool, turn.arguments)
+            steps.append(AgentStep(kind="tool", content=json.dumps({"name": turn.tool, "arguments": turn.arguments},
+                                                                   sort_keys=True)))
+            finding = not observation.startswith(("Error", "Invalid"))
+        else:
+            observation, finding = turn.error or "format error", False
+        steps.append(AgentStep(kind="observation", content=observation))
+        history.append(HistoryTurn(reply.text, observation, turn.signature, finding))
+    raise CaseFailure(f"no FINISH after {cfg.max_steps} steps", steps)
+
+
+# -- sim ---------------------------------------------------------------------------------------
+
+_MRN = re.compile(r"\b(S\d{7})\b")
+_NAME_DOB = re.compile(r"name (.+?) and DOB of (\d{4}-\d{2}-\d{2})")
+_BP = re.compile(r'"(\d+/\d+ mmHg)"')
+
+
+def sim_fhir_agent(view: FhirCaseView, tools: FhirTools) -> AnswerGiven:
+    """A scripted, deterministic agent that follows the official task templates: it solves task types
+    1, 2, 3 and 8 through the FHIR functions (so the whole path runs offline) and answers the lab tasks
+    from whatever the server returns (the sandbox has no labs, so those come back as [-1] / no order)."""
+    steps: list[AgentStep] = []
+
+    def call(name: str, args: dict) -> str:
+        steps.append(AgentStep(kind="tool", content=json.dumps({"name": name, "arguments": args}, sort_keys=True)))
+        out = tools.call(name, args)
+        steps.append(AgentStep(kind="observation", content=out[:2000]))
+        return out
+
+    def entries(observation: str) -> list[dict]:
+        raw = observation.split("\n", 1)[1].rsplit(". Please call FINISH", 1)[0] if "\n" in observation else "{}"
+        try:
+            return [e["resource"] for e in json.loads(raw).get("entry", [])]
+        except json.JSONDecodeError:
+            return []
+
+    q, mrn_m = view.instruction, _MRN.search(view.instruction)
+    mrn = mrn_m.group(1) if mrn_m else None
+    t = view.task_type
+    if t == 1 and (m := _NAME_DOB.search(q)):
+        given, _, family = m.group(1).rpartition(" ")
+        found = entries(call("get_patient", {"given": given or family, "family": family, "birthdate": m.group(2)}))
+        result = json.dumps([found[0]["id"]] if found else ["Patient not found"])
+    elif t == 2 and mrn:
+        found = entries(call("get_patient", {"identifier": mrn}))
+        result = json.dumps([calculate_age(datetime.strptime(found[0]["birthDate"], "%Y-%m-%d"))] if found else [])
+    elif t == 3 and mrn and (bp := _BP.search(q)):
+        call("post_observation", {
+            "resourceType": "Observation",
+            "category": [{"coding": [{"system": "http://hl7.org/fhir/observation-category", "code": "vital-signs",
+                                      "display": "Vital Signs"}]}],
+            "code": {"text": "BP"}, "effectiveDateTime": NOW, "status": "final", "valueString": bp.group(1),
+            "subject": {"reference": f"Patient/{mrn}"}})
+        result = "[]"
+    elif t == 8 and mrn:
+        call("post_servicerequest", {
+            "resourceType": "ServiceRequest",
+            "code": {"coding": [{"system": "http://snomed.info/sct", "code": "306181000000106",
+                                 "display": "Orthopedic surgery referral"}]},
+            "authoredOn": NOW, "status": "active", "intent": "order", "priority": "stat",
+            "note": {"text": TASK8_COMMENT}, "subject": {"reference": f"Patient/{mrn}"}})
+        result = "[]"
+    else:
+        code = re.search(r'code for \w+ is "(\w+)"', view.context or "")
+        if mrn and code:
+            call("get_observation_labs", {"patient": mrn, "code": code.group(1)})
+        result = "[-1]"
+    steps.append(AgentStep(kind="response", content=result))
+    tools.finish(result)
+    return AnswerGiven(answer=result, source="sim:fhir", steps=steps)
