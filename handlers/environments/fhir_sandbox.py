@@ -22,10 +22,11 @@ from __future__ import annotations
 import json
 import threading
 import unicodedata
-import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
+
+from store.canonical import content_hash
 
 SEARCHABLE = ("Observation", "Condition", "MedicationRequest", "Procedure", "ServiceRequest")
 POSTABLE = ("Observation", "MedicationRequest", "ServiceRequest")
@@ -81,7 +82,9 @@ def _matches(p: dict, params: dict[str, str]) -> bool:
 
 
 def bundle(base: str, url: str, resources: list[dict]) -> dict:
-    return {"resourceType": "Bundle", "id": str(uuid.uuid4()), "type": "searchset", "total": len(resources),
+    # Ids derived from the request, not uuid4: responses reach the agent's trajectory, whose
+    # events must be the same bytes on a re-execution (DESIGN §3).
+    return {"resourceType": "Bundle", "id": content_hash(url)[:32], "type": "searchset", "total": len(resources),
             "link": [{"relation": "self", "url": url}],
             "entry": [{"fullUrl": f"{base}{r['resourceType']}/{r['id']}", "resource": r,
                        "search": {"mode": "match"}} for r in resources]}
@@ -136,7 +139,7 @@ class FhirSandbox:
             if not isinstance(payload, dict):
                 return 400, outcome("body must be a JSON object")
             self.posts.append((resource, payload))
-            return 201, {**payload, "id": str(uuid.uuid4())}
+            return 201, {**payload, "id": f"{resource.lower()}-{len(self.posts)}"}
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items() if k not in _IGNORED}
         url = self.base + "/".join(rest) + (f"?{parts.query}" if parts.query else "")
         if resource == "Patient":
