@@ -131,12 +131,16 @@ class EventStore:
 
     # --- writing -----------------------------------------------------------------------
 
-    def head(self, run_id: str) -> tuple[int, str]:
-        """(last seq, its chain hash) of a run; (-1, GENESIS) when the run has no events."""
-        row = self.conn.execute(
+    @staticmethod
+    def _read_head(conn, run_id: str) -> tuple[int, str]:
+        row = conn.execute(
             "SELECT seq, chain FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", [run_id]
         ).fetchone()
-        head = (int(row[0]), row[1]) if row else (-1, GENESIS)
+        return (int(row[0]), row[1]) if row else (-1, GENESIS)
+
+    def head(self, run_id: str) -> tuple[int, str]:
+        """(last seq, its chain hash) of a run; (-1, GENESIS) when the run has no events."""
+        head = self._read_head(self.conn, run_id)
         with self._heads_lock:
             self._heads[run_id] = head
         return head
@@ -179,9 +183,7 @@ class EventStore:
                     with self._heads_lock:
                         head = self._heads.get(run_id)
                     if head is None or head[0] != expected_seq:
-                        row = conn.execute("SELECT seq, chain FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
-                                           [run_id]).fetchone()
-                        head = (int(row[0]), row[1]) if row else (-1, GENESIS)
+                        head = self._read_head(conn, run_id)
                 if head[0] != expected_seq:
                     raise ConcurrencyConflict(
                         f"run {run_id!r}: expected last seq {expected_seq}, the log is at {head[0]}; "

@@ -17,6 +17,12 @@ from streams.embedded import EmbeddedRunner
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "cases.jsonl"
 SHARED_DATA = ROOT.parent / "shared" / "data"
+MAB_TASKS = SHARED_DATA / "medagentbench" / "test_data_v2.json"
+MAB_FUNCS = SHARED_DATA / "medagentbench" / "funcs_v1.json"
+MAB_PATIENTS = SHARED_DATA / "medagentbench_rl_fork" / "patients_from_snapshot.json"
+needs_medagentbench = pytest.mark.skipif(
+    not (MAB_TASKS.exists() and MAB_FUNCS.exists() and MAB_PATIENTS.exists()),
+    reason=f"MedAgentBench data not found under {SHARED_DATA} (../shared/data)")
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ import re
 import urllib.request
 from collections import Counter
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
@@ -17,13 +16,9 @@ from handlers.environments.medagentbench import (
     NOW, OFFLINE_TASK_TYPES, TASK8_COMMENT, FhirCall, FhirTools, FhirTrajectory, NeedsFullServer, calculate_age,
     finish_payload, grade, load_functions, load_tasks)
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-TASKS = DATA / "medagentbench" / "test_data_v2.json"
-FUNCS = DATA / "medagentbench" / "funcs_v1.json"
-PATIENTS = DATA / "medagentbench_rl_fork" / "patients_from_snapshot.json"
+from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
 
-needs_data = pytest.mark.skipif(not (TASKS.exists() and FUNCS.exists() and PATIENTS.exists()),
-                                reason=f"MedAgentBench data not found under {DATA} (../shared/data)")
+needs_data = needs_medagentbench
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -17,13 +16,9 @@ from handlers.environments.medagentbench import (
     OFFLINE_TASK_TYPES, FhirTools, NeedsFullServer, grade, load_functions, load_tasks)
 from handlers.llm.recorder import Recorder
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-TASKS = DATA / "medagentbench" / "test_data_v2.json"
-FUNCS = DATA / "medagentbench" / "funcs_v1.json"
-PATIENTS = DATA / "medagentbench_rl_fork" / "patients_from_snapshot.json"
+from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
 
-pytestmark = pytest.mark.skipif(not (TASKS.exists() and FUNCS.exists() and PATIENTS.exists()),
-                                reason=f"MedAgentBench data not found under {DATA} (../shared/data)")
+pytestmark = needs_medagentbench
 
 
 @pytest.fixture(scope="module")
