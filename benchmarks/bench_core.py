@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from handlers.cases import load_cases  # noqa: E402
 from handlers.pipeline import process_case  # noqa: E402
 from handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
-from handlers.retrieve import _evo_retrieve, select_episodes, select_rules  # noqa: E402
+from handlers.policies.evo_medagent import evo_retrieve as _evo_retrieve, select_episodes, select_rules  # noqa: E402
 from handlers.runs import RunSpec, open_run  # noqa: E402
 from store import event_types as ev  # noqa: E402
 from store.embeddings import EmbeddingCache, shared_minilm  # noqa: E402
@@ -165,7 +165,7 @@ def main() -> None:
     t = time.perf_counter()
     for _ in range(reps):
         for c in base:
-            _evo_retrieve(ctx, cfg, c, proj.seq)
+            _evo_retrieve(ctx.projection, cfg, c, proj.seq)
     full = (time.perf_counter() - t) / (reps * len(base))
     out["retrieval_ms"] = {"raw_hnswlib": round(raw * 1000, 4),
                            "selection": round(selection * 1000, 4),

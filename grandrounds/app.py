@@ -42,12 +42,16 @@ def unique_run_id(store: EventStore, base: str, spec: RunSpec) -> str:
 def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: str | None = None,
               cache: EmbeddingCache | None = None, commit: str = "case",
               on_case: Callable[[int, bool], None] | None = None,
-              backbone_options: dict | None = None) -> RunOutcome:
+              backbone_options: dict | None = None, seeded=None, environment=None) -> RunOutcome:
     """`backbone_options` go to `make_backbone` (endpoint, recorded exchanges, ...): they
-    choose how the backbone is reached, not what the run is, so they are not in the spec."""
+    choose how the backbone is reached, not what the run is, so they are not in the spec.
+    `environment`: a tool-task environment (FHIR cases) the caller opened for the run; the spec
+    names it by content (`spec.source`), and its record goes to the `run.started` meta."""
     cache = cache or make_cache(store)
     rid = run_id or unique_run_id(store, spec.default_run_id(), spec)
-    ctx, how = open_run(store, rid, spec, cache, **(backbone_options or {}))
+    meta = environment.record.meta() if environment is not None else None
+    ctx, how = open_run(store, rid, spec, cache, seeded=seeded, started_meta=meta, **(backbone_options or {}))
+    ctx.environment = environment
     runner = EmbeddedRunner(ctx, commit=commit)  # type: ignore[arg-type]
 
     async def drive() -> int:
@@ -70,7 +74,18 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
 
         summary["llm"] = llm_usage(store, rid)
         summary["failed"] = len(summary["llm"]["failed_cases"])
-        summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES))
+        if environment is not None:
+            from grandrounds.fhir_run import fhir_task_class
+
+            # the shortest FHIR episode is two turns: one call, then FINISH
+            summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES), t_min=2, classify=fhir_task_class)
+        else:
+            summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES))
+    if environment is not None:
+        from grandrounds.fhir_run import per_task_type
+
+        summary["environment"] = environment.name
+        summary["per_task_type"] = per_task_type(store, rid)
     return RunOutcome(summary, processed, how, ctx.backbone.note)
 
 

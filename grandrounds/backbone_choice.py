@@ -16,6 +16,8 @@ class BackboneChoice:
     note: str = ""
     options: dict = field(default_factory=dict)
     record_from: str | None = None
+    agent: dict = field(default_factory=dict)
+    """Agent-loop settings that differ from the defaults; they go into the run spec."""
 
 
 def choose_backbone(backbone: str | None, model: str | None, base_url: str | None,
@@ -35,15 +37,17 @@ def choose_backbone(backbone: str | None, model: str | None, base_url: str | Non
         return BackboneChoice("sim", model, note)
     if backbone not in ("openai", "record"):
         raise BackboneUnavailable(f"unknown backbone {backbone!r} (available: sim, openai, record)")
-    opts = {"base_url": base_url, "max_steps": max_steps, "summary_every": summary_every}
+    opts = {"base_url": base_url}
+    agent = {k: v for k, v, default in (("max_steps", max_steps, 7), ("summary_every", summary_every, 10))
+             if v != default}
     if backbone == "record":
         if not record_from:
             raise BackboneUnavailable("--backbone record needs --record-from RUN (the run whose exchanges to serve)")
         opts["live_fallthrough"] = live_fallthrough
-        return BackboneChoice("openai", model, note, opts, record_from)
+        return BackboneChoice("openai", model, note, opts, record_from, agent)
     if not model:
         raise BackboneUnavailable("the openai backbone needs --model")
-    return BackboneChoice("openai", model, note, opts)
+    return BackboneChoice("openai", model, note, opts, agent=agent)
 
 
 def attach_record(choice: BackboneChoice, source_store) -> None:
@@ -59,4 +63,5 @@ def attach_record(choice: BackboneChoice, source_store) -> None:
     if choice.model and choice.model != spec.model:
         raise BackboneUnavailable(f"--model {choice.model} differs from the recorded run's model {spec.model}")
     choice.model = spec.model
+    choice.agent = dict(spec.agent)  # re-execute with the recorded run's agent bounds
     choice.options["recorded"] = RecordedExchanges.from_store(source_store, choice.record_from)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import nullcontext
 
 import click
 
@@ -20,7 +21,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("cases_file", metavar="CASES.jsonl", type=click.Path(dir_okay=False))
+@click.argument("cases_file", metavar="CASES.jsonl|TASKS.json", type=click.Path(dir_okay=False))
 @click.option("--db", default="grandrounds.duckdb", show_default=True, help="DuckDB file holding the event log.")
 @click.option("--run-id", default=None, help="Run id (default: derived from policy, backbone, seed and cases).")
 @click.option("--policy", default="evo-medagent", show_default=True, help="Preset name or TOML policy file.")
@@ -42,30 +43,74 @@ def main() -> None:
               help="Offer a simulated tool of fixed reliability (repeatable; sim backbone).")
 @click.option("--commit", type=click.Choice(["stage", "case"]), default="case", show_default=True,
               help="One transaction per case (default) or per stage (a crash then loses at most one stage).")
+@click.option("--ablation", "ablations", multiple=True, metavar="SWITCH",
+              help="Apply one of the policy's ablation switches (repeatable; `grandrounds policies` lists them).")
+@click.option("--memory-from", default=None, metavar="RUN",
+              help="Offline mode: start from RUN's memory (train split) and keep it frozen for these cases.")
+@click.option("--memory-db", default=None, help="DuckDB file holding --memory-from (default: --db).")
+@click.option("--keep-learning", is_flag=True, help="With --memory-from: keep writing memory instead of freezing it.")
+@click.option("--env", "env", type=click.Choice(["cases", "medagentbench"]), default="cases", show_default=True,
+              help="cases: CASES.jsonl (MCQ cases). medagentbench: TASKS.json (MedAgentBench FHIR tasks, e.g. "
+                   "test_data_v2.json) acted on through FHIR functions, graded by the official refsol rules.")
+@click.option("--funcs", default=None, type=click.Path(dir_okay=False),
+              help="medagentbench: funcs_v1.json (the FHIR function specs).")
+@click.option("--patients", default=None, type=click.Path(dir_okay=False),
+              help="medagentbench: patients_from_snapshot.json, served by a local FHIR sandbox for the run.")
+@click.option("--fhir-base", default=None, metavar="URL",
+              help="medagentbench: a real MedAgentBench FHIR server instead of the sandbox (grades every task type).")
+@click.option("--task-type", "task_types", multiple=True, type=click.IntRange(1, 10),
+              help="medagentbench: only these task types (repeatable; sandbox default 1, 2, 3, 8).")
+@click.option("--limit", default=None, type=click.IntRange(min=1),
+              help="medagentbench: only the first N tasks (after --task-type).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, record_db, live_fallthrough, max_steps,
-        summary_every, seed, lag, broker, sim_tools, commit, as_json):
-    """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern."""
+        summary_every, seed, lag, broker, sim_tools, commit, ablations, memory_from, memory_db, keep_learning,
+        env, funcs, patients, fhir_base, task_types, limit, as_json):
+    """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern.
+
+    With --env medagentbench, TASKS.json holds MedAgentBench FHIR tasks: a local FHIR sandbox serving
+    --patients is started for the run (or --fhir-base names a real server) and every task goes through
+    the same five stages, graded by the official refsol rules.
+    """
     from handlers.cases import load_cases
-    from handlers.policies.config import load_policy
+    from handlers.policies.config import load_policy, with_ablations
     from handlers.runs import RunSpec
     from handlers.tools import parse_tool_spec
 
     from grandrounds.backbone_choice import attach_record, choose_backbone
+    from grandrounds.fhir_run import looks_like_task_file, mab_options_given, prepare_medagentbench
 
+    setup = None
     try:
-        cases, source = load_cases(cases_file)
-        pol = load_policy(policy)
+        pol = with_ablations(load_policy(policy), list(ablations))
+        if env == "medagentbench":
+            setup = prepare_medagentbench(cases_file, funcs, patients, fhir_base, tuple(task_types), limit,
+                                          pol.name, tuple(sim_tools), broker)
+            cases, source = setup.cases, setup.source
+        else:
+            given = mab_options_given(funcs, patients, fhir_base, task_types, limit)
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with --env medagentbench (MedAgentBench FHIR tasks)")
+            if looks_like_task_file(cases_file):
+                raise ValueError(f"{cases_file}: a JSON array, not a JSONL case file; for MedAgentBench tasks add "
+                                 "--env medagentbench --funcs funcs_v1.json --patients patients_from_snapshot.json")
+            cases, source = load_cases(cases_file)
         choice = choose_backbone(backbone, model, base_url, record_from, live_fallthrough, max_steps,
                                  summary_every)
+        if memory_db and not memory_from:
+            raise ValueError("--memory-db needs --memory-from RUN")
+        if memory_from and not keep_learning and "writing" in type(pol).model_fields:
+            pol = pol.model_copy(update={"writing": False})  # frozen: the test split reads, never writes
         note, backbone = choice.note, choice.name
         tools: dict[str, float] = {}
         for spec in sim_tools:
             name, r = parse_tool_spec(spec)
             tools[name] = r
         run_spec = RunSpec(policy=pol, backbone=backbone, model=choice.model, seed=seed, lag=lag, tools=tools,
-                           source=source)
+                           source=source, agent=choice.agent)
         if broker != "memory":  # Kafka transport: submit, wait on the changelog, summarise
+            if memory_from:
+                raise ValueError("--memory-from runs on the embedded runner only (omit --broker)")
             from grandrounds.cli_kafka import run_on_kafka
             return run_on_kafka(cases, run_spec, broker=broker, db=db, run_id=run_id, note=note, as_json=as_json,
                                 record_from=record_from)
@@ -87,7 +132,13 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, 
                 else:
                     attach_record(choice, store)
                     run_id = run_id or f"{choice.record_from}-record"  # not the recorded run itself
-                run_spec = run_spec.model_copy(update={"model": choice.model})
+                run_spec = run_spec.model_copy(update={"model": choice.model, "agent": choice.agent})
+            seeded = None
+            if memory_from:
+                from grandrounds.offline import seed_memory
+
+                seeded = seed_memory(store, memory_db, memory_from, run_spec)
+                run_spec = run_spec.model_copy(update={"memory_from": seeded[0]})
             bar = _progress(len(cases), as_json)
             tally = [0, 0]  # seen, correct
 
@@ -98,18 +149,29 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, 
                 bar.set_postfix_str(f"acc {tally[1] / tally[0]:.2f}", refresh=False)
 
             try:
-                outcome = run_cases(store, cases, run_spec, run_id=run_id, commit=commit, on_case=on_case,
-                                    backbone_options=choice.options)
+                with setup.environment() if setup else nullcontext() as environment:  # sandbox: up for the run
+                    outcome = run_cases(store, cases, run_spec, run_id=run_id, commit=commit, on_case=on_case,
+                                        backbone_options=choice.options, seeded=seeded[1] if seeded else None,
+                                        environment=environment)
             finally:
                 bar.close()
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
     except (StoreError, ReplayDivergence) as exc:
         fail(str(exc), 1, as_json)
+    except ValueError as exc:  # --memory-from that cannot apply
+        fail(str(exc), 2, as_json)
     summary = outcome.summary
     notes = [n for n in (note, outcome.note) if n]
+    if setup:
+        from grandrounds.fhir_run import SIM_NOTE
+
+        notes = [SIM_NOTE if n == outcome.note and summary["backbone"] == "sim" else n for n in notes] + setup.notes
     if outcome.processed_now == 0:
         notes.append(f"run {summary['run_id']} was already complete in {db}; showing its result")
+    if memory_from:
+        frozen = "frozen" if not keep_learning else "still learning"
+        notes.append(f"memory from run {memory_from} ({frozen})")
     if lag:
         notes.append(f"--lag {lag} is recorded with the run, but cases were processed strictly in order")
     if as_json:
@@ -117,6 +179,9 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, 
         click.echo(json.dumps(summary))
     else:
         click.echo(render_run(summary, db, " | ".join(notes)))
+        if "per_task_type" in summary:
+            click.echo("  task types   " + ", ".join(f"task{k}: {v['correct']}/{v['tasks']}"
+                                                   for k, v in summary["per_task_type"].items()))
 
 
 def _progress(total: int, quiet: bool):
@@ -136,5 +201,11 @@ main.add_command(medagentbench)
 
 if __name__ == "__main__":
     main()
+from grandrounds.cli_policies import policies  # noqa: E402
+
+main.add_command(policies)
+
 from grandrounds import cli_replay  # noqa: E402,F401
 from grandrounds import cli_kafka  # noqa: E402,F401
+from grandrounds.cli_agentclinic import agentclinic  # noqa: E402
+main.add_command(agentclinic)

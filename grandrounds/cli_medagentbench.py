@@ -1,19 +1,27 @@
 """`grandrounds medagentbench`: run the official MedAgentBench tasks against the local FHIR sandbox
-(or a real FHIR server with `--fhir-base`) with the scripted `sim` agent, graded by the refsol rules.
+(or a real FHIR server with `--fhir-base`), graded by the refsol rules.
 
-The sandbox serves the recorded patient snapshot, so task types 1, 2, 3 and 8 are graded offline;
-types 4-7, 9 and 10 read lab data and are graded only with `--fhir-base` (the MedAgentBench docker
-server), otherwise reported as `needs_full_server`.
+Agents: the scripted `sim` agent (offline, not a model), or a model (`--backbone openai`) speaking the
+official text protocol (GET url / POST url + JSON / FINISH([...])) through the gateway, every exchange
+recorded as a run of `--db`; `--backbone record --record-from RUN` re-executes such a run without
+model calls. The sandbox serves the recorded patient snapshot, so task types 1, 2, 3 and 8 are graded
+offline; types 4-7, 9 and 10 read lab data and are graded only with `--fhir-base` (the MedAgentBench
+docker server), otherwise reported as `needs_full_server`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import defaultdict
 
 import click
 
-from grandrounds.errors import fail
+from grandrounds.errors import BAD_INPUT, fail
+
+OFFICIAL_BASE = "http://localhost:8080/fhir/"
+"""The official harness's default api_base: what a model is shown when the sandbox serves (see FhirTools)."""
+SIM_NOTE = "sim agent: scripted for the official task templates, not a model; its accuracy is not a clinical measure"
 
 
 @click.command("medagentbench")
@@ -25,47 +33,138 @@ from grandrounds.errors import fail
               help="A real MedAgentBench FHIR server, e.g. http://localhost:8080/fhir/ (grades every task type).")
 @click.option("--task-type", "task_types", multiple=True, type=click.IntRange(1, 10), help="Only these types.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N tasks (after filtering).")
+@click.option("--backbone", type=click.Choice(["sim", "openai", "record"]), default="sim", show_default=True)
+@click.option("--model", default=None, help="Model name (openai).")
+@click.option("--base-url", default=None, help="OpenAI-compatible endpoint (else OPENAI_BASE_URL; key: OPENAI_API_KEY).")
+@click.option("--max-rounds", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Model replies per task (openai/record).")
+@click.option("--db", default=None, help="DuckDB file recording the exchanges (openai/record; default medagentbench.duckdb).")
+@click.option("--run-id", default=None, help="Run id for the recorded exchanges (default: derived, numbered on reruns).")
+@click.option("--record-from", default=None, metavar="RUN", help="record backend: the run of --db to serve.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, as_json):
-    """Run MedAgentBench TASKS (test_data_v2.json) with the sim agent and grade them."""
-    from handlers.agent.fhir_react import sim_fhir_agent
+def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone, model, base_url, max_rounds, db,
+                  run_id, record_from, as_json):
+    """Run MedAgentBench TASKS (test_data_v2.json) with the sim agent or a model and grade them."""
+    from grandrounds.bench_models import bench_model, check_options
     from handlers.environments.fhir_sandbox import FhirSandbox
-    from handlers.environments.medagentbench import FhirTools, NeedsFullServer, grade, load_functions, load_tasks
+    from handlers.environments.medagentbench import load_functions, load_tasks
+    from handlers.llm.errors import ReplayDivergence
+    from store.canonical import content_hash
+    from store.eventstore import StoreError
 
     if fhir_base is None and patients is None:
         fail("give --patients (local sandbox) or --fhir-base URL", 2, as_json)
     try:
+        check_options(backbone, model, record_from)
         cases = load_tasks(tasks, tuple(task_types) or None, limit)
         functions = load_functions(funcs)
+        with open(funcs, encoding="utf-8") as f:
+            functions_json = json.dumps(json.load(f))  # as the official harness shows them
         sandbox = None if fhir_base else FhirSandbox.from_file(patients).start()
+    except BAD_INPUT as exc:
+        fail(str(exc), 2, as_json)
     except FileNotFoundError as exc:
         fail(f"{exc.filename}: file not found", 2, as_json)
     except (ValueError, KeyError) as exc:
         fail(str(exc), 2, as_json)
     base = fhir_base or sandbox.base
-    per_type: dict[int, dict[str, int]] = defaultdict(lambda: {"tasks": 0, "correct": 0, "needs_full_server": 0})
+    db = db or ("medagentbench.duckdb" if backbone != "sim" else None)
+    default_id = "mab-" + content_hash({"tasks": [c.case_id for c in cases], "model": model,
+                                       "rounds": max_rounds})[:12]
     try:
-        for case in cases:
-            row = per_type[case.task_type]
-            row["tasks"] += 1
-            tools = FhirTools(functions, base, send_posts=sandbox is not None)
-            sim_fhir_agent(case.view(), tools)
-            try:
-                row["correct"] += grade(case, tools.trajectory, base, full_server=fhir_base is not None).correct
-            except NeedsFullServer:
-                row["needs_full_server"] += 1
+        with bench_model(backbone, model, base_url, db, run_id, default_id, record_from) as bm:
+            rows = asyncio.run(_run_all(cases, functions, functions_json, base, sandbox is not None, fhir_base, bm,
+                                        max_rounds))
+            llm = bm.log.summary() if bm.log else None
+            note = bm.note or SIM_NOTE
+    except BAD_INPUT as exc:
+        fail(str(exc), 2, as_json)
+    except (ReplayDivergence, StoreError) as exc:
+        fail(str(exc), 1, as_json)
     finally:
         if sandbox is not None:
             sandbox.stop()
-    graded = sum(r["tasks"] - r["needs_full_server"] for r in per_type.values())
-    correct = sum(r["correct"] for r in per_type.values())
-    result = {"fhir_base": fhir_base or "sandbox", "agent": "sim", "tasks": len(cases), "graded": graded,
-              "correct": correct, "accuracy": round(correct / graded, 4) if graded else None,
-              "per_task_type": {str(k): v for k, v in sorted(per_type.items())}}
+    result = _summary(rows, fhir_base, backbone, model, llm, note)
+    if llm is not None:
+        result["db"] = db
     if as_json:
         click.echo(json.dumps(result))
     else:
-        click.echo(f"{correct}/{graded} graded tasks correct ({result['fhir_base']}); "
+        click.echo(f"{result['correct']}/{result['graded']} graded tasks correct ({result['fhir_base']}, "
+                   f"agent {result['agent']}); "
                    + ", ".join(f"task{k}: {v['correct']}/{v['tasks'] - v['needs_full_server']}"
                                + (f" (+{v['needs_full_server']} need --fhir-base)" if v["needs_full_server"] else "")
-                               for k, v in sorted(per_type.items())))
+                               for k, v in result["per_task_type"].items()))
+        if llm is not None:
+            click.echo(f"llm calls {llm['calls']} · tokens per correct task "
+                       f"{result['metrics']['tokens_per_correct_task']} · run {llm['run_id']} in {db}")
+        click.echo(click.style(f"note: {note}", fg="yellow"))
+
+
+async def _run_all(cases, functions, functions_json, base, send_posts, fhir_base, bm, max_rounds) -> list[dict]:
+    from handlers.agent.fhir_official import run_official_fhir_agent
+    from handlers.agent.fhir_react import sim_fhir_agent
+    from handlers.environments.medagentbench import FhirTools, NeedsFullServer, grade
+
+    rows = []
+    try:
+        for case in cases:  # strictly in order, so a recorded run replays in the same order
+            tools = FhirTools(functions, base, send_posts=send_posts, public_base=fhir_base or OFFICIAL_BASE)
+            if bm.gateway is None:
+                sim_fhir_agent(case.view(), tools)
+                status, rounds = "completed", None
+            else:
+                run = await run_official_fhir_agent(bm.gateway, case.view(), tools,
+                                                    bm.log.recorder(case.case_id, "act"), functions_json, max_rounds)
+                status, rounds = run.status, run.rounds
+            row = {"case_id": case.case_id, "task_type": case.task_type, "status": status, "rounds": rounds,
+                   "calls": len(tools.trajectory.calls), "answer": tools.trajectory.result,
+                   "tokens": bm.log.case_tokens(case.case_id) if bm.log else 0}
+            try:
+                g = grade(case, tools.trajectory, base, full_server=fhir_base is not None)
+                row.update(correct=g.correct, reason=g.reason)
+            except NeedsFullServer:
+                row.update(correct=None, reason="needs_full_server")
+            rows.append(row)
+    finally:
+        if bm.gateway is not None:
+            await bm.gateway.aclose()
+    return rows
+
+
+def _summary(rows, fhir_base, backbone, model, llm, note) -> dict:
+    from handlers.environments.medagentbench import ACTION_TASK_TYPES
+    from replay.task_metrics import TaskRecord, er, osr, qab, sr, tc, tokens_per_correct
+
+    per_type: dict[int, dict[str, int]] = defaultdict(lambda: {"tasks": 0, "correct": 0, "needs_full_server": 0})
+    records = []
+    for r in rows:
+        t = per_type[r["task_type"]]
+        t["tasks"] += 1
+        if r["correct"] is None:
+            t["needs_full_server"] += 1
+            continue
+        t["correct"] += r["correct"]
+        records.append(TaskRecord(
+            case_id=r["case_id"], task_class="action" if r["task_type"] in ACTION_TASK_TYPES else "query",
+            completed=r["status"] == "completed", success=r["status"] == "completed" and r["correct"],
+            turns=r["rounds"] or 0, tool_calls=r["calls"], timeout=r["status"] == "limit_reached",
+            invalid=r["status"] in ("invalid_action", "failed"), fallback=False, tokens=r["tokens"],
+            act_tokens=r["tokens"]))
+    graded = len(records)
+    correct = sum(r.success for r in records)
+    q, a = sr(records, "query"), sr(records, "action")
+    metrics = {"tc": tc(records), "sr": sr(records), "q_sr": q, "a_sr": a, "qab": qab(q, a), "er": er(records),
+               # the shortest official episode is two rounds: one GET/POST, then FINISH
+               "osr": osr(records, t_min=2) if llm is not None else None, "t_min": 2,
+               "tokens_per_correct_task": tokens_per_correct(records) if llm is not None else None,
+               "avg_rounds": round(sum(r.turns for r in records) / graded, 3) if graded and llm is not None else None,
+               "avg_fhir_calls": round(sum(r.tool_calls for r in records) / graded, 3) if graded else None}
+    out = {"fhir_base": fhir_base or "sandbox", "agent": backbone, "model": model if backbone != "sim" else None,
+           "tasks": len(rows), "graded": graded, "correct": correct,
+           "accuracy": round(correct / graded, 4) if graded else None,
+           "per_task_type": {str(k): v for k, v in sorted(per_type.items())}, "metrics": metrics,
+           "results": rows, "notes": [note]}
+    if llm is not None:
+        out["llm"] = llm
+    return out

@@ -202,8 +202,9 @@ def audit():
 @click.option("--as-of-case", type=int, default=None, metavar="N",
               help="Memory right after case index N (0-based, as explain shows) completed.")
 @click.option("--as-of-seq", type=int, default=None, metavar="S", help="Memory after folding events up to seq S.")
-@click.option("--kind", "kinds", multiple=True, type=click.Choice(["rule", "episode", "tool"]),
-              help="Item kinds to list (repeatable; default all).")
+@click.option("--kind", "kinds", multiple=True,
+              type=click.Choice(["rule", "episode", "tool", "skill", "selsm-record", "experience"]),
+              help="Item kinds to list (repeatable; default: all of the run's policy).")
 @click.option("--status", default=None, help="Only items with this status (active, retired, stored, or a tool label).")
 @click.option("--sort", type=click.Choice(["id", "utility"]), default="id", show_default=True)
 @click.option("--limit", type=click.IntRange(min=0), default=None,

@@ -83,6 +83,16 @@ def render_items(res: dict) -> str:
         elif it["kind"] == "episode":
             lines.append(f"  {it['id']}  stored  {'correct' if it['correct'] else 'wrong  '}  from {it['case_id']}  "
                          f"{short(it['guideline'], 80)}")
+        elif it["kind"] == "skill":
+            lines.append(f"  {it['id']}  {it['status']:<10} {it['branch']:<7} utility {it['utility']:.3f}  "
+                         f"used {it['usage']} (+{it['successes']}/-{it['failures']})  {short(it['text'], 70)}")
+        elif it["kind"] == "selsm-record":
+            lines.append(f"  {it['id']}  from {it['source_case_id']}  {len(it['transitions'])} transition(s)  "
+                         f"{short(it['query'], 70)}")
+        elif it["kind"] == "experience":
+            lesson = it["actor_lessons"][0] if it["actor_lessons"] else "-"
+            lines.append(f"  {it['id']}  from {it['source_case_id']}  {len(it['actor_lessons'])} actor / "
+                         f"{len(it['summariser_lessons'])} summariser lessons  {short(lesson, 70)}")
         else:
             lines.append(f"  tool {it['id']}  {it['label']}  n={it['total']} +{it['helpful']} -{it['harmful']} misuse {it['misuse']}")
     if len(res["items"]) < res["total"]:

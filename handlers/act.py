@@ -1,9 +1,14 @@
-"""Stage 2, act: the backbone answers the case from its gold-free view and the rendered memory."""
+"""Stage 2, act: the backbone answers the case from its gold-free view and the rendered memory.
+
+MCQ cases answer with an option letter. FHIR tasks (kind `fhir`) are acted on through the
+environment's FHIR tools; their answer is the FINISH payload, and the trajectory the environment
+executed is recorded as the answer's steps (what feedback grades).
+"""
 
 from __future__ import annotations
 
 from handlers.backbones.base import CaseFailure, records_exchanges
-from handlers.cases import CaseView
+from handlers.cases import CaseView, FhirCaseView
 from handlers.context import RunContext
 from handlers.llm.recorder import stage_recorder
 from handlers.randomness import case_rng
@@ -16,10 +21,16 @@ class ActError(RuntimeError):
     pass
 
 
-async def act(ctx: RunContext, view: CaseView, memory: MemoryRetrieved, toolbox: ToolBox) -> AnswerGiven | CaseFailed:
+async def act(ctx: RunContext, view: CaseView | FhirCaseView, memory: MemoryRetrieved,
+              toolbox: ToolBox) -> AnswerGiven | CaseFailed:
     # `view` has no answer field: the leakage guard is a type, not a promise.
+    if view.kind == "fhir":
+        return await act_fhir(ctx, view, memory, toolbox)
     rng = case_rng(ctx.seed, view.case_id, "act")
     extra = {"recorder": stage_recorder(ctx.writer, view.case_id, "act")} if records_exchanges(ctx.backbone) else {}
+    step_memory = ctx.mechanism.step_memory(ctx, view, memory)
+    if step_memory is not None:  # per-step retrieval (SELSM): only passed when the policy has it
+        extra["step_memory"] = step_memory
     try:
         answer = await ctx.backbone.act(view, memory, toolbox, rng, **extra)
     except CaseFailure as exc:
@@ -28,5 +39,25 @@ async def act(ctx: RunContext, view: CaseView, memory: MemoryRetrieved, toolbox:
         return failed
     if answer.answer not in view.options:
         raise ActError(f"case {view.case_id}: backbone answered {answer.answer!r}, not an option")
+    ctx.writer.emit(answer, case_id=view.case_id)
+    return answer
+
+
+async def act_fhir(ctx: RunContext, view: FhirCaseView, memory: MemoryRetrieved, tools) -> AnswerGiven | CaseFailed:
+    """`tools`: the case's `FhirTools` from the run's environment. The backbone runs its FHIR agent;
+    the steps recorded are the environment's (each tool step is the call it executed, at the public base)."""
+    act_on = getattr(ctx.backbone, "act_fhir", None)
+    if act_on is None:
+        raise ActError(f"case {view.case_id}: the {ctx.backbone.name} backbone cannot act on FHIR tasks")
+    extra = {"recorder": stage_recorder(ctx.writer, view.case_id, "act")} if records_exchanges(ctx.backbone) else {}
+    env = ctx.environment
+    try:
+        answer = await act_on(view, memory, tools, **extra)
+    except CaseFailure as exc:
+        failed = CaseFailed(stage="act", reason=env.public(exc.reason),
+                            steps=env.recorded_steps(exc.steps, tools))
+        ctx.writer.emit(failed, case_id=view.case_id)
+        return failed
+    answer = answer.model_copy(update={"steps": env.recorded_steps(answer.steps, tools)})
     ctx.writer.emit(answer, case_id=view.case_id)
     return answer

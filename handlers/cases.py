@@ -127,14 +127,21 @@ class FhirCaseView(BaseModel):
     task_type: int
     category: str
 
+    @property
+    def question(self) -> str:
+        """The instruction, under the name memory policies read (see `FhirCase.question`)."""
+        return self.instruction
+
 
 class FhirCase(BaseModel):
     """A MedAgentBench FHIR task (`handlers/environments/medagentbench.py`): the official `instruction`
     and `context`, the task type (1-10), the patient graded against (`eval_mrn`, absent for the two
     "Patient not found" task-1 cases) and, for task 1 only, the official answer `sol`.
 
-    Kept apart from `Case` for now: `Case` is also the Kafka wire contract (docs/asyncapi.json), and
-    the pipeline stages take mcq cases only; fhir cases run through `handlers.agent.fhir_react`.
+    Kept apart from `Case`: `Case` is also the Kafka wire contract (docs/asyncapi.json), which carries
+    mcq cases only. The pipeline stages take both; a fhir case needs the MedAgentBench environment on
+    the run context (`handlers.environments.medagentbench_env`), built by `grandrounds run --env
+    medagentbench`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -151,3 +158,21 @@ class FhirCase(BaseModel):
     def view(self) -> FhirCaseView:
         return FhirCaseView(case_id=self.case_id, kind=self.kind, instruction=self.instruction,
                             context=self.context, task_type=self.task_type, category=self.category)
+
+    # The names memory policies read of any case (they were written for `Case`): what memory is
+    # keyed by, and what the grading reference is called. Properties, not fields: they are not
+    # part of the case's JSON (the `case.received` payload) and carry nothing the fields do not.
+
+    @property
+    def question(self) -> str:
+        """What memory is retrieved and keyed by (episode descriptor, rule triggers): the instruction."""
+        return self.instruction
+
+    @property
+    def answer(self) -> str:
+        """The grading reference, by name: the official refsol rules of the task type (`refsol:task3`)."""
+        return f"refsol:task{self.task_type}"
+
+
+AnyCase = Case | FhirCase
+"""A case of the pipeline: an MCQ case, or a MedAgentBench FHIR task (its environment on the run context)."""

@@ -59,3 +59,13 @@ class RunContext:
     writer: EventWriter
     seed: int
     tools: dict[str, float] = field(default_factory=dict)
+    environment: Any = None
+    """The tool-task environment act and feedback use (`handlers.environments.base.Environment`), built
+    by the composition root for the run; None for MCQ runs, whose simulated tools are `tools`."""
+    mechanism: Any = field(init=False, repr=False)
+    """The policy's stage-facing implementation (`handlers.policies.base.MemoryPolicy`)."""
+
+    def __post_init__(self) -> None:
+        from handlers.policies.registry import make_mechanism
+
+        self.mechanism = make_mechanism(self.policy)

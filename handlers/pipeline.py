@@ -3,6 +3,9 @@
 Each stage's result is also the payload of its event, so a case interrupted after some
 stages resumes from the log: the outputs already recorded are read back, and only the
 missing stages run. Transports (embedded, Kafka) decide when to flush a stage's events.
+
+A FHIR task (`FhirCase`) runs the same five stages; its tools and grading come from the
+run's environment (`ctx.environment`), which the composition root builds.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from handlers.act import act
-from handlers.cases import Case
+from handlers.cases import Case, FhirCase
 from handlers.context import RunContext
+from handlers.environments.base import require_environment
 from handlers.feedback import feedback
 from handlers.govern import govern
 from handlers.reflect import reflect
@@ -67,8 +71,8 @@ async def _noop(stage: str) -> None:
     return None
 
 
-async def process_case(ctx: RunContext, case: Case, index: int, progress: CaseProgress | None = None,
-                       on_stage: StageDone = _noop) -> CaseCompleted:
+async def process_case(ctx: RunContext, case: Case | FhirCase, index: int,
+                       progress: CaseProgress | None = None, on_stage: StageDone = _noop) -> CaseCompleted:
     p = progress or CaseProgress()
     if p.completed is not None:
         return p.completed
@@ -76,7 +80,10 @@ async def process_case(ctx: RunContext, case: Case, index: int, progress: CasePr
         p.memory = await retrieve(ctx, case, index)
         await on_stage("retrieve")
     if p.answer is None and p.failed is None:
-        toolbox = ToolBox(case, ctx.tools, ctx.seed)  # built from the full case: the environment's side
+        if case.kind == "fhir":  # the FHIR functions of the run's environment, fresh for this case
+            toolbox = require_environment(ctx, case).tools_for(case)
+        else:
+            toolbox = ToolBox(case, ctx.tools, ctx.seed)  # built from the full case: the environment's side
         result = await act(ctx, case.view(), p.memory, toolbox)
         if isinstance(result, CaseFailed):
             p.failed = result

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from handlers.backbones import make_backbone
@@ -9,7 +11,7 @@ from handlers.context import EventWriter, RunContext
 from handlers.policies.config import PolicyConfig, policy_from_dict, policy_to_dict
 from store.canonical import content_hash
 from store.embeddings import EmbeddingCache
-from store.event_types import RunStarted
+from store.event_types import MemorySeeded, RunStarted
 from store.eventstore import EventStore
 from store.projection import open_projection
 
@@ -26,14 +28,21 @@ class RunSpec(BaseModel):
     lag: int = 0
     tools: dict[str, float] = Field(default_factory=dict)
     source: str | None = None
+    agent: dict[str, int] = Field(default_factory=dict)
+    """Agent-loop settings that differ from the defaults: max_steps, summary_every (model backbones)."""
+    memory_from: dict[str, Any] | None = None
+    """Offline mode: {run_id, seq, chain} of the run whose memory this run starts from."""
 
     def started_event(self, embedder: str) -> RunStarted:
         return RunStarted(policy_name=self.policy.name, policy=policy_to_dict(self.policy),
                           backbone=self.backbone, model=self.model, seed=self.seed, lag=self.lag,
-                          embedder=embedder, tools=dict(sorted(self.tools.items())), source=self.source)
+                          embedder=embedder, tools=dict(sorted(self.tools.items())), source=self.source,
+                          agent=dict(sorted(self.agent.items())), memory_from=self.memory_from)
 
     def default_run_id(self) -> str:
-        return f"{self.policy.name}-{content_hash(self.model_dump(mode='json'))[:10]}"
+        # Fields added later count only when set, so existing runs keep their ids.
+        data = self.model_dump(mode="json", exclude={k for k in ("agent", "memory_from") if not getattr(self, k)})
+        return f"{self.policy.name}-{content_hash(data)[:10]}"
 
 
 class RunMismatch(ValueError):
@@ -42,7 +51,8 @@ class RunMismatch(ValueError):
 
 def spec_of(started: RunStarted) -> RunSpec:
     return RunSpec(policy=policy_from_dict(started.policy), backbone=started.backbone, model=started.model,
-                   seed=started.seed, lag=started.lag, tools=started.tools, source=started.source)
+                   seed=started.seed, lag=started.lag, tools=started.tools, source=started.source,
+                   agent=started.agent, memory_from=started.memory_from)
 
 
 def read_spec(store: EventStore, run_id: str) -> RunSpec | None:
@@ -54,17 +64,27 @@ def read_spec(store: EventStore, run_id: str) -> RunSpec | None:
     return spec_of(started)
 
 
-def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCache, **backbone_opts) -> tuple[RunContext, str]:
+def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCache,
+             seeded: MemorySeeded | None = None, started_meta: dict[str, Any] | None = None,
+             **backbone_opts) -> tuple[RunContext, str]:
     """A context for the run, creating it (RunStarted at seq 0) or resuming it.
 
-    Returns the context and how its projection was obtained (new/checkpoint/rebuild).
+    `seeded` (offline mode, with `spec.memory_from`): the source run's memory, written as
+    the run's second event when the run is created. `started_meta`: meta of the RunStarted
+    event when the run is created (never state: where a tool-task environment's files were,
+    for re-execution). Returns the context and how its projection was obtained
+    (new/checkpoint/rebuild).
     """
+    if (seeded is None) != (spec.memory_from is None) and not store.has_run(run_id):
+        raise ValueError("memory_from and the seeded memory go together")
     opened = open_projection(store, run_id, cache)
     proj = opened.projection
     writer = EventWriter(store, run_id, proj)
     started = spec.started_event(cache.embedder.name)
     if proj.seq < 0:
-        writer.emit(started)
+        writer.emit(started, meta=started_meta)
+        if seeded is not None:
+            writer.emit(seeded)
         writer.flush()
     else:
         recorded = store.read(run_id, upto_seq=0)[0].decode()
@@ -74,7 +94,7 @@ def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCach
                 f"(policy {recorded.policy_name}, backbone {recorded.backbone}, seed {recorded.seed}); "
                 "choose another --run-id"
             )
-    backbone = make_backbone(spec.backbone, spec.model, **backbone_opts)
+    backbone = make_backbone(spec.backbone, spec.model, **{**backbone_opts, **spec.agent})
     ctx = RunContext(run_id=run_id, policy=spec.policy, backbone=backbone, projection=proj, writer=writer,
                      seed=spec.seed, tools=dict(spec.tools))
     return ctx, opened.how

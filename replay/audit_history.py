@@ -35,12 +35,15 @@ def item_kind(store: EventStore, run_id: str, item: str) -> str:
         return "rule"
     if store.conn.execute(q, [run_id, "episode.stored", "$.episode_id", item]).fetchone():
         return "episode"
+    if store.conn.execute(q, [run_id, "skill.drafted", "$.skill_id", item]).fetchone():
+        return "skill"
     started = store.read(run_id, upto_seq=0)
     tools = started[0].payload.get("tools", {}) if started else {}
     if item in tools or store.conn.execute(q, [run_id, "tool.label_changed", "$.tool", item]).fetchone():
         return "tool"
     raise AuditInputError(f"run {run_id!r} has no memory item {item!r} "
-                          "(a rule id like rule-00012, an episode id like ep-00003, or a tool name)")
+                          "(a rule id like rule-00012, an episode id like ep-00003, a skill id like t000004, "
+                          "or a tool name)")
 
 
 def history(store: EventStore, run_id: str, item: str) -> dict:
@@ -51,6 +54,8 @@ def history(store: EventStore, run_id: str, item: str) -> dict:
         body = _rule_history(store, run_id, item, spec.policy, indexes)
     elif kind == "episode":
         body = _episode_history(store, run_id, item, indexes)
+    elif kind == "skill":
+        body = _skill_history(store, run_id, item, indexes)
     else:
         body = _tool_history(store, run_id, item, indexes)
     return {"run_id": run_id, "item": item, "kind": kind, **body}
@@ -219,10 +224,93 @@ def _tool_history(store: EventStore, run_id: str, tool: str, indexes: dict) -> d
     }
 
 
+SKILL_TYPES = ("skill.drafted", "skill.reviewed", "skill.patched", "skill.utility_updated", "skill.matured",
+               "skill.deprecated", "skill.archived")
+"""SkeMex events carrying `skill_id` (merges name `kept` / `absorbed`)."""
+
+
+def _skill_history(store: EventStore, run_id: str, skill_id: str, indexes: dict) -> dict:
+    """A SkeMex skill: draft, review, patches, every retrieval and adoption, each once-per-window
+    utility update, maturation / deprecation / merge / archiving."""
+    needle = f'"item_id":{json.dumps(skill_id)}'
+    rows = _rows(store,
+                 "(type IN (SELECT unnest(?::VARCHAR[])) AND payload->>'$.skill_id' = ?) "
+                 "OR (type = 'skill.merged' AND (payload->>'$.kept' = ? OR payload->>'$.absorbed' = ?)) "
+                 "OR (type = 'memory.retrieved' AND contains(CAST(payload AS VARCHAR), ?))",
+                 [run_id, list(SKILL_TYPES), skill_id, skill_id, skill_id, needle])
+    outcomes = _outcomes_by_case(store, run_id, [cid for _, t, cid, _, _ in rows if t == "memory.retrieved"])
+    ref = f"skill:{skill_id}"
+    events, utility = [], []
+    status, text, u = "draft", None, None
+    for seq, type_, cid, _, p in rows:
+        base = {"seq": seq, "case_id": cid, "case_index": indexes.get(cid)}
+        if type_ == "skill.drafted":
+            text, u = p["body"]["core_action"], p["utility"]
+            src = p["source_case_id"]
+            events.append({**base, "event": "created", "status": "draft", "branch": p["branch"],
+                           "category": p.get("category"), "tool": p.get("tool"), "text": text,
+                           "trigger": p["body"]["trigger"], "source_case_id": src,
+                           "source_case_index": indexes.get(src), "utility": u})
+        elif type_ == "skill.reviewed":
+            if p["kind"] == "create":
+                status = "active" if p["accepted"] else "archived"
+                events.append({**base, "event": "activated" if p["accepted"] else "rejected",
+                               "reason": p["reason"], "status": status})
+            elif not p["accepted"]:
+                events.append({**base, "event": "patch-rejected", "reason": p["reason"]})
+        elif type_ == "skill.patched":
+            events.append({**base, "event": "patched", "old_text": text, "text": p["body"]["core_action"],
+                           "version": p["version"], "reason": p.get("reason", ""),
+                           "source_case_id": p["source_case_id"]})
+            text = p["body"]["core_action"]
+        elif type_ == "skill.utility_updated":
+            u = p["new"]
+            entry = {**base, "event": "utility", "window": p["window"], "old": p["old"], "new": p["new"],
+                     "lr": p["lr"], "mean_delta": p["mean_delta"], "adopted_pos": p["adopted_pos"],
+                     "adopted_neg": p["adopted_neg"]}
+            events.append(entry)
+            utility.append({"seq": seq, "case_index": indexes.get(cid), "window": p["window"], "utility": p["new"]})
+        elif type_ in ("skill.matured", "skill.deprecated", "skill.archived"):
+            status = {"skill.matured": "mature", "skill.deprecated": "deprecated", "skill.archived": "archived"}[type_]
+            events.append({**base, "event": status if status != "mature" else "matured", "window": p["window"],
+                           "utility": p.get("utility"), "reason": p.get("reason", ""), "status": status})
+        elif type_ == "skill.merged":
+            absorbed = p["absorbed"] == skill_id
+            if absorbed:
+                status = "archived"
+            events.append({**base, "event": "merged-into" if absorbed else "absorbed",
+                           "other": p["kept"] if absorbed else p["absorbed"], "cosine": p["cosine"],
+                           "window": p["window"]})
+        elif type_ == "memory.retrieved":
+            for rank, it in enumerate(p.get("items", []), start=1):
+                if it["item_id"] == skill_id and it["kind"] == "skill":
+                    scores = {"relevance": it["relevance"], "utility": it["detail"].get("utility"),
+                              "score": it["score"], "strength": it["detail"].get("strength")}
+                    events.append(_use_entry(seq, cid, indexes, rank, scores, ref, outcomes.get(cid, {})))
+    uses = [e for e in events if e["event"] == "retrieved"]
+    created = next((e for e in events if e["event"] == "created"), None)
+    return {
+        "summary": {
+            "created_by_case": created["source_case_id"] if created else None,
+            "created_at_case_index": created["source_case_index"] if created else None,
+            "retrieved": len(uses), "followed": sum(e["followed"] for e in uses),
+            "followed_correct": sum(1 for e in uses if e["followed"] and e["correct"]),
+            "patches": sum(e["event"] == "patched" for e in events),
+            "merges": sum(e["event"] in ("absorbed", "merged-into") for e in events),
+            "status": status, "utility_now": u, "text_now": text,
+        },
+        "events": events,
+        "utility": utility,
+    }
+
+
 def describe(entry: dict) -> str:
     """One human line for a history entry."""
     e = entry["event"]
     where = f"case #{entry.get('case_index')} {entry.get('case_id')}"
+    if e == "created" and "source_case_id" in entry:  # a SkeMex skill: distilled when a window closed
+        return (f"drafted ({entry['branch']}) from case #{entry['source_case_index']} {entry['source_case_id']}, "
+                f"window closed at {where}: {short(entry.get('text') or '', 90)}")
     if e == "created":
         extra = f"P{entry['priority']} " if "priority" in entry else ""
         return f"created by {where} (reflection seq {entry.get('reflection_seq')}): {extra}{short(entry.get('text') or entry.get('guideline') or '', 90)}"
@@ -245,4 +333,14 @@ def describe(entry: dict) -> str:
         return f"called on {where} as {entry['label']}: output {entry['output']}{' (adopted)' if entry['adopted'] else ''}"
     if e == "outcome":
         return f"outcome on {where}: {entry['outcome']}"
+    if e in ("activated", "rejected", "patch-rejected"):
+        return f"{e} by review during {where} — {entry['reason']}"
+    if e == "utility":
+        return (f"utility {entry['old']:.3f} → {entry['new']:.3f} at the end of window {entry['window']} "
+                f"(adopted+ {entry['adopted_pos']}, adopted− {entry['adopted_neg']}, η {entry['lr']:.3f})")
+    if e in ("matured", "deprecated", "archived"):
+        why = f" — {entry['reason']}" if entry.get("reason") else ""
+        return f"{e} by governance after window {entry['window']} (utility {entry.get('utility')}){why}"
+    if e in ("merged-into", "absorbed"):
+        return f"{e} {entry['other']} by governance after window {entry['window']} (cosine {entry['cosine']:.3f})"
     return f"{e} {where}"

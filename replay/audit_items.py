@@ -8,21 +8,44 @@ from store.eventstore import EventStore
 from store.memory_state import MemoryState
 
 KINDS = ("rule", "episode", "tool")
+POLICY_KINDS = {"skemex": "skill", "selsm": "selsm-record", "retrosum": "experience"}
+"""The item kind of each policy whose memory lives in a projection part (store/policy_memory.py)."""
 
 
 def items(store: EventStore, run_id: str, as_of_case: int | None = None, as_of_seq: int | None = None,
           kinds: list[str] | None = None, status: str | None = None, sort: str = "id",
           limit: int | None = None) -> dict:
-    kinds = list(kinds or KINDS)
-    for k in kinds:
-        if k not in KINDS:
-            raise AuditInputError(f"unknown --kind {k!r} (one of {', '.join(KINDS)})")
+    known = (*KINDS, *POLICY_KINDS.values())
+    for k in kinds or []:
+        if k not in known:
+            raise AuditInputError(f"unknown --kind {k!r} (one of {', '.join(known)})")
     if sort not in ("id", "utility"):
         raise AuditInputError("--sort is id or utility")
     spec = require_spec(store, run_id)
+    part_kind = POLICY_KINDS.get(spec.policy.name)
+    kinds = list(kinds or ([part_kind, "tool"] if part_kind else KINDS))
     at = resolve_as_of(store, run_id, as_of_case, as_of_seq)
     state = memory_at(store, run_id, at.seq)
-    return render_items(run_id, spec.policy, state, at, kinds, status, sort, limit)
+    result = render_items(run_id, spec.policy, state, at, [k for k in kinds if k in KINDS], status, sort, limit)
+    if part_kind and part_kind in kinds:
+        extra = policy_items(store, run_id, at.seq, status, sort)
+        result["items"] = (extra + result["items"])[:limit] if limit else extra + result["items"]
+        result["total"] += len(extra)
+    return result
+
+
+def policy_items(store: EventStore, run_id: str, upto_seq: int, status: str | None, sort: str) -> list[dict]:
+    """Items of a SkeMex / SELSM / RetroSum memory as of `upto_seq`: the projection folded that far
+    (its indexes need the embeddings, all cached in the file when the run wrote them)."""
+    from store.embeddings import EmbeddingCache, shared_minilm
+    from store.projection import rebuild
+
+    proj = rebuild(store, run_id, EmbeddingCache(shared_minilm(), store.conn), upto_seq=upto_seq)
+    part = proj.state.policy_memory
+    found = [i for i in part.audit_items() if status in (None, i["status"])] if part is not None else []
+    if sort == "utility":
+        found.sort(key=lambda i: (-(i.get("utility") or 0.0), i["id"]))
+    return found
 
 
 def rule_item(rule, state: MemoryState, policy) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from handlers.cases import Case
 from handlers.runs import RunSpec, read_spec
-from store.event_types import CaseReceived
+from store.event_types import CaseReceived, MemorySeeded
 from store.eventstore import EventStore
 
 
@@ -26,11 +26,29 @@ def require_spec(store: EventStore, run_id: str) -> RunSpec:
     return spec
 
 
+class NotReplayable(UnknownRun):
+    """The run's cases need an environment this path cannot rebuild (bad input: exit code 2)."""
+
+
 def case_log(store: EventStore, run_id: str) -> list[Case]:
     """The cases of a run in the order it received them."""
     cases = []
     for e in store.iter(run_id, types=[CaseReceived.event_type]):
         received = e.decode()
         assert isinstance(received, CaseReceived)
+        if received.case.get("kind") == "fhir":
+            # FHIR tasks need their environment (FHIR server, grading) rebuilt; only `grandrounds verify`
+            # does that so far (replay/verify.py `reopen_environment`).
+            raise NotReplayable(f"run {run_id!r} holds MedAgentBench FHIR tasks: order replays of FHIR runs are "
+                                "not supported yet (grandrounds verify re-executes them)")
         cases.append(Case.model_validate(received.case))
     return cases
+
+
+def seeded_memory(store: EventStore, run_id: str) -> MemorySeeded | None:
+    """The memory an offline-mode run started from (its `memory.seeded` event), if any."""
+    for e in store.iter(run_id, upto_seq=1, types=[MemorySeeded.event_type]):
+        seeded = e.decode()
+        assert isinstance(seeded, MemorySeeded)
+        return seeded
+    return None

@@ -1,7 +1,7 @@
 """Counterfactual replays: the same case log under another policy, an ablation, another backbone.
 
-An ablation is a named switch over the policy's fields (the Evo-MedAgent paper's S-only /
-E-only table and the other switches DESIGN §6 lists); `--set KEY=VALUE` changes any other
+An ablation is a named switch over the policy's fields, declared by each policy config
+(`ablations`: the papers' tables and the other switches DESIGN §6 lists); `--set KEY=VALUE` changes any other
 field. Everything is validated by the policy model, so a typo is bad input, not a silent
 no-op.
 """
@@ -10,20 +10,9 @@ from __future__ import annotations
 
 import json
 
-from handlers.policies.config import EvoMedAgentPolicy, PolicyConfig, PolicyError, policy_from_dict, policy_to_dict
+from handlers.policies.config import PolicyConfig, PolicyError, policy_from_dict, policy_to_dict, with_ablations
 from handlers.runs import RunSpec
 from store.canonical import content_hash
-
-ABLATIONS: dict[str, dict] = {
-    "no-writing": {"writing": False},
-    "no-governance": {"governance": False},
-    "no-valuation": {"w_utility": 0.0},
-    "similarity-only": {"w_utility": 0.0, "w_priority": 0.0},
-    "procedural-only": {"episodic": False},
-    "episodic-only": {"procedural": False},
-}
-"""Switch name -> Evo-MedAgent fields it sets."""
-
 
 class CounterfactualError(ValueError):
     """A policy override that cannot apply (bad input: exit code 2)."""
@@ -39,13 +28,13 @@ def _parse_value(raw: str):
 def apply_overrides(policy: PolicyConfig, ablations: list[str], sets: list[str]) -> PolicyConfig:
     if not ablations and not sets:
         return policy
-    if not isinstance(policy, EvoMedAgentPolicy):
-        raise CounterfactualError(f"ablations and --set apply to the evo-medagent policy, not {policy.name!r}")
+    if ablations and not policy.ablations:
+        raise CounterfactualError(f"policy {policy.name!r} has no ablation switches")
+    try:
+        policy = with_ablations(policy, ablations)
+    except PolicyError as exc:
+        raise CounterfactualError(str(exc)) from None
     data = policy_to_dict(policy)
-    for name in ablations:
-        if name not in ABLATIONS:
-            raise CounterfactualError(f"unknown ablation {name!r} (known: {', '.join(ABLATIONS)})")
-        data.update(ABLATIONS[name])
     for item in sets:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():

@@ -30,6 +30,7 @@ from handlers.pipeline import process_case
 from handlers.runs import RunSpec, open_run
 from store.embeddings import EmbeddingCache, shared_minilm
 from store.eventstore import EventStore
+from store.event_types import MemorySeeded
 from store.events import StoredEvent
 from store.projection import MemoryProjection, save_checkpoint
 from store.vector_index import single_threaded_blas
@@ -46,6 +47,8 @@ class RunJob:
     run_id: str
     spec: RunSpec
     cases: tuple[Case, ...]
+    seeded: MemorySeeded | None = None
+    """Offline-mode runs: the memory they start from (the source run's `memory.seeded`)."""
 
 
 @dataclass
@@ -60,7 +63,8 @@ class JobResult:
 
 def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec,
             cases: Sequence[Case], backbone_options: dict | None = None,
-            flush_every: int = FLUSH_EVERY, checkpoint: bool = True) -> tuple[MemoryProjection, int]:
+            flush_every: int = FLUSH_EVERY, checkpoint: bool = True,
+            seeded: MemorySeeded | None = None, environment=None) -> tuple[MemoryProjection, int]:
     """Create or resume `run_id` in `store` and process every case not yet completed.
 
     Into a scratch store, events are appended every `flush_every` cases: nothing reads the
@@ -68,9 +72,11 @@ def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec
     assigned at emit time, so the events are the same bytes as with a commit per stage,
     and a DuckDB transaction per case would cost more than the handlers themselves. A run
     interrupted in the middle of a case is finished by the embedded runner, which knows
-    how to resume a case from its recorded stages.
+    how to resume a case from its recorded stages. `environment`: the tool-task environment
+    FHIR cases need (opened by the caller, as `grandrounds run` does).
     """
-    ctx, _ = open_run(store, run_id, spec, cache, **(backbone_options or {}))
+    ctx, _ = open_run(store, run_id, spec, cache, seeded=seeded, **(backbone_options or {}))
+    ctx.environment = environment
 
     async def drive() -> int:
         try:
@@ -116,7 +122,7 @@ def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob,
         existing = target.read(job.run_id)
         scratch.import_events(existing)
         _, processed = execute(scratch, cache, job.run_id, job.spec, job.cases, backbone_options=backbone_options,
-                               checkpoint=False)
+                               checkpoint=False, seeded=job.seeded)
         target.import_events(scratch.read(job.run_id, after_seq=existing[-1].seq if existing else -1))
     cache.flush()
     return JobResult(job.run_id, processed, time.perf_counter() - t0, cache.misses - misses0)
@@ -125,7 +131,8 @@ def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob,
 # --- in worker processes -------------------------------------------------------------------
 
 
-def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing: list[StoredEvent]) -> dict:
+def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing: list[StoredEvent],
+            seeded: dict | None = None) -> dict:
     """Runs in a spawned process: execute one job into an in-memory store seeded from `seed_path`.
 
     Returns the new events and any vectors the worker had to embed; the parent imports both.
@@ -139,7 +146,8 @@ def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing
         cache = EmbeddingCache(cache_embedder(), conn)
         scratch.import_events(existing)
         _, processed = execute(scratch, cache, run_id, RunSpec.model_validate(spec),
-                               [Case.model_validate(c) for c in cases], checkpoint=False)
+                               [Case.model_validate(c) for c in cases], checkpoint=False,
+                               seeded=MemorySeeded.model_validate(seeded) if seeded else None)
         cache.flush()
         vectors = conn.execute("SELECT key, model, vector FROM embedding_cache "
                                "WHERE key NOT IN (SELECT key FROM gr_seed.embedding_cache)").fetchall()
@@ -213,7 +221,8 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
             pending = [(j, pool.submit(_worker, j.run_id, j.spec.model_dump(mode="json"),
                                        [c.model_dump(mode="json") for c in j.cases], str(seed),
-                                       target.read(j.run_id)))
+                                       target.read(j.run_id),
+                                       j.seeded.model_dump(mode="json") if j.seeded else None))
                        for j in todo]
             for j, fut in pending:  # import in job order: the file's layout is deterministic too
                 out = fut.result()

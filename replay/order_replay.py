@@ -27,7 +27,7 @@ from handlers.llm.errors import ReplayDivergence
 from handlers.llm.record import RecordedExchanges
 from handlers.policies.config import PolicyConfig
 from handlers.runs import RunMismatch, RunSpec, read_spec
-from replay.caselog import case_log, require_spec
+from replay.caselog import case_log, require_spec, seeded_memory
 from replay.counterfactual import derived_spec, is_counterfactual, variant_tag
 from replay.execute import JobResult, RunJob, run_jobs
 from replay.permutations import permutations
@@ -104,13 +104,14 @@ def plan_replay(store: EventStore, source: str, count: int, seed: int, *, policy
     if tag is None and is_counterfactual(source_spec, spec):
         tag = variant_tag(spec, ablations)
     stem = f"{source}-{tag}" if tag else source
+    seeded = seeded_memory(store, source)  # an offline-mode source: every replay starts from its memory
     runs = []
     if original:
         rid = f"{stem}-original"
-        runs.append(PlannedRun(rid, None, None, RunJob(rid, spec, tuple(cases))))
+        runs.append(PlannedRun(rid, None, None, RunJob(rid, spec, tuple(cases), seeded)))
     for p in permutations(len(cases), count, seed):
         rid = f"{stem}-perm{p.k}-s{seed}"
-        runs.append(PlannedRun(rid, p.k, p.order_seed, RunJob(rid, spec, tuple(cases[i] for i in p.order))))
+        runs.append(PlannedRun(rid, p.k, p.order_seed, RunJob(rid, spec, tuple(cases[i] for i in p.order), seeded)))
     for r in runs:  # a name taken by a different configuration is bad input, before anything runs
         existing = read_spec(store, r.run_id)
         if existing is not None and existing != spec:

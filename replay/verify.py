@@ -10,10 +10,13 @@ the chain at that seq even when its content would replay the same.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from replay.caselog import case_log, require_spec
+from handlers.cases import FhirCase
+from handlers.environments.base import META_KEY, EnvironmentRecord
+from replay.caselog import case_log, require_spec, seeded_memory
 from replay.execute import execute
 from store.canonical import canonical_json
 from store.embeddings import EmbeddingCache
@@ -94,7 +97,13 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache) -> dict:
         raise NotVerifiable(
             f"run {run_id!r} used the {spec.backbone!r} backbone: verify re-executes runs whose backbone "
             "is offline and deterministic (sim); model runs need the record backend to be re-served")
-    cases = case_log(store, run_id)
+    record = recorded_environment(store, run_id)
+    if record is None:
+        cases = case_log(store, run_id)
+        opened = nullcontext(None)
+    else:
+        cases = fhir_case_log(store, run_id)
+        opened = reopen_environment(record, run_id, spec.source, cases)
     head = store.last_seq(run_id)
     completed = store.conn.execute(
         "SELECT count(*) FROM events WHERE run_id = ? AND type = 'case.completed'", [run_id]).fetchone()[0]
@@ -102,7 +111,9 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache) -> dict:
 
     scratch = EventStore(":memory:")
     try:
-        execute(scratch, cache, run_id, spec, cases, checkpoint=False)
+        with opened as environment:  # a FHIR run's sandbox: up for the re-execution only
+            execute(scratch, cache, run_id, spec, cases, checkpoint=False, seeded=seeded_memory(store, run_id),
+                    environment=environment)
         complete = completed == len(cases)
         # An interrupted run's log ends inside a case that the re-execution finishes: compare
         # the prefix the recorded log has.
@@ -129,3 +140,39 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache) -> dict:
         "chain_break_seq": chain_break,
         "ok": identical and chain_break is None,
     }
+
+
+# --- runs of tool tasks (MedAgentBench): their environment is rebuilt from the recorded files --------
+
+
+def recorded_environment(store: EventStore, run_id: str) -> EnvironmentRecord | None:
+    """The environment a run was made in (`run.started` meta), or None for an MCQ run. A run holding
+    FHIR tasks without that record cannot be re-executed (NotVerifiable)."""
+    first = store.read(run_id, upto_seq=0)[0]
+    data = first.meta.get(META_KEY)
+    if data:
+        return EnvironmentRecord.model_validate(data)
+    for e in store.iter(run_id, types=["case.received"]):
+        if e.payload["case"].get("kind") == "fhir":
+            raise NotVerifiable(f"run {run_id!r} holds FHIR tasks but no record of the environment they ran in: "
+                                "it cannot be re-executed")
+        break
+    return None
+
+
+def fhir_case_log(store: EventStore, run_id: str) -> list[FhirCase]:
+    return [FhirCase.model_validate(e.payload["case"]) for e in store.iter(run_id, types=["case.received"])]
+
+
+def reopen_environment(record: EnvironmentRecord, run_id: str, source: str | None, cases: list[FhirCase]):
+    """The run's MedAgentBench environment built again (a fresh sandbox), once its files check out."""
+    from handlers.environments.medagentbench_env import open_environment
+
+    for ref in (record.funcs, record.patients):
+        problem = ref.check() if ref is not None else None
+        if problem:
+            raise NotVerifiable(f"cannot rebuild the MedAgentBench environment of run {run_id!r}: {problem}; "
+                                "verify re-executes the run against the same function specs and patient snapshot")
+    if record.source(cases) != source:
+        raise NotVerifiable(f"run {run_id!r}: the environment recorded with it does not match its spec's source")
+    return open_environment(record)

@@ -101,7 +101,12 @@ class EmbeddingCache:
         self.misses = 0
         self._loaded = False
         if conn is not None:
-            conn.execute(self.SCHEMA)
+            try:
+                conn.execute(self.SCHEMA)
+            except duckdb.Error:
+                # A read-only file (audit): the table is there if the runs in it embedded anything;
+                # misses are then embedded in memory and simply not persisted.
+                self._conn = conn if _has_cache_table(conn) else None
 
     def key(self, text: str) -> str:
         return sha256_hex(f"{self.embedder.name}\n{text}")
@@ -156,3 +161,7 @@ class EmbeddingCache:
         n = len(keys)
         self._pending.clear()
         return n
+
+
+def _has_cache_table(conn: duckdb.DuckDBPyConnection) -> bool:
+    return bool(conn.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'embedding_cache'").fetchone()[0])

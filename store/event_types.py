@@ -7,7 +7,7 @@ so tiny floating-point differences between CPUs do not change bytes.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,6 +38,31 @@ class RunStarted(EventPayload):
     """Simulated tools offered by the environment, name -> reliability (sim backbone only)."""
     source: str | None = None
     """sha256 of the case file (or the parent run's case log) this run was started from."""
+    agent: dict[str, int] = Field(default_factory=dict)
+    """Agent-loop settings of model backbones that differ from the defaults (max_steps,
+    summary_every): a replay of a model run re-executes with the same bounds."""
+    memory_from: dict[str, Any] | None = None
+    """Offline mode: the run whose memory this run starts from ({run_id, seq, chain}); the
+    memory itself follows as `memory.seeded`."""
+
+    omit_if_default: ClassVar[frozenset[str]] = frozenset({"agent", "memory_from"})
+
+
+@event("memory.seeded")
+class MemorySeeded(EventPayload):
+    """Offline (train → test) mode: the memory events of a finished run, copied verbatim.
+
+    Folding them gives this run the source run's memory at `source_seq` without reading the
+    source file again, so the test run is self-contained for replay, verify and audit.
+    """
+
+    source_run: str
+    source_seq: int
+    source_chain: str
+    source_policy: str
+    source_backbone: str
+    events: list[dict[str, Any]]
+    """Each {seq, type, schema_version, payload} as stored in the source run."""
 
 
 @event("case.received")
@@ -75,6 +100,22 @@ class ToolGuidance(_Part):
     label: ToolLabel
 
 
+class MemoryItem(_Part):
+    """A memory item of a policy other than Evo-MedAgent (skill, logical skill, lesson), as shown."""
+
+    kind: str
+    """What it is: `skill`, `logical-skill`, `experience`, ... (also the prefix of answer sources)."""
+    item_id: str
+    text: str
+    """The text rendered to the agent."""
+    trigger: list[str] = Field(default_factory=list)
+    """Key terms the item applies to (the sim backbone matches them against the case)."""
+    relevance: float = 0.0
+    score: float = 0.0
+    detail: dict[str, Any] = Field(default_factory=dict)
+    """Policy-specific facts about the selection (branch, utility, strength, audience, ...)."""
+
+
 @event("memory.retrieved")
 class MemoryRetrieved(EventPayload):
     memory_seq: int
@@ -84,15 +125,20 @@ class MemoryRetrieved(EventPayload):
     tool_guidance: list[ToolGuidance] = Field(default_factory=list)
     prefix: str = ""
     """The context prefix shown to the agent: protocol, governance, rules, episodes."""
+    items: list[MemoryItem] = Field(default_factory=list)
+    """Items of the SkeMex / SELSM / RetroSum policies (empty, and left out, for Evo-MedAgent)."""
+
+    omit_if_default: ClassVar[frozenset[str]] = frozenset({"items"})
 
 
 # --- act -----------------------------------------------------------------------------------
 
 
 class AgentStep(_Part):
-    kind: Literal["reasoning", "tool", "observation", "response", "summary"]
+    kind: Literal["reasoning", "tool", "observation", "response", "summary", "memory"]
     """`summary`: a RetroSum retrospective summary written after that step (openai agent only;
-    added later, so older logs simply never contain it)."""
+    added later, so older logs simply never contain it). `memory`: the ids of memory items
+    injected before that decision (per-step retrieval, SELSM)."""
     content: str
 
 
@@ -128,6 +174,7 @@ class ToolOutcome(_Part):
 
 @event("feedback.recorded", version=2)
 class FeedbackRecorded(EventPayload):
+    carries_memory: ClassVar[bool] = True
     answer: str
     gold: str
     correct: bool
@@ -169,6 +216,7 @@ class ReflectionRecorded(EventPayload):
 
 @event("episode.stored")
 class EpisodeStored(EventPayload):
+    carries_memory: ClassVar[bool] = True
     episode_id: str
     case_id: str
     descriptor: str
@@ -183,6 +231,7 @@ class EpisodeStored(EventPayload):
 
 @event("rule.added")
 class RuleAdded(EventPayload):
+    carries_memory: ClassVar[bool] = True
     rule_id: str
     text: str
     trigger: list[str]
@@ -192,6 +241,7 @@ class RuleAdded(EventPayload):
 
 @event("rule.edited")
 class RuleEdited(EventPayload):
+    carries_memory: ClassVar[bool] = True
     rule_id: str
     text: str
     trigger: list[str]
@@ -201,6 +251,7 @@ class RuleEdited(EventPayload):
 
 @event("rule.priority_changed")
 class RulePriorityChanged(EventPayload):
+    carries_memory: ClassVar[bool] = True
     rule_id: str
     old: Priority
     new: Priority
@@ -210,6 +261,7 @@ class RulePriorityChanged(EventPayload):
 
 @event("rule.retired")
 class RuleRetired(EventPayload):
+    carries_memory: ClassVar[bool] = True
     rule_id: str
     source_case_id: str
     reason: str = ""
@@ -220,6 +272,7 @@ class RuleRetired(EventPayload):
 
 @event("tool.label_changed")
 class ToolLabelChanged(EventPayload):
+    carries_memory: ClassVar[bool] = True
     tool: str
     old: ToolLabel
     new: ToolLabel
@@ -238,3 +291,6 @@ class CaseCompleted(EventPayload):
 # Registers the gateway's `llm.exchange` and `case.failed` types, so every reader of a log can
 # decode them. At the end: that module imports AgentStep from here.
 from store import llm_events as _llm_events  # noqa: E402,F401
+from store import skill_events as _skill_events  # noqa: E402,F401  (SkeMex)
+from store import selsm_events as _selsm_events  # noqa: E402,F401  (SELSM)
+from store import experience_events as _experience_events  # noqa: E402,F401  (RetroSum experience)

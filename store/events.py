@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 
 class EventPayload(BaseModel):
@@ -21,6 +21,20 @@ class EventPayload(BaseModel):
 
     event_type: ClassVar[str]
     schema_version: ClassVar[int] = 1
+    omit_if_default: ClassVar[frozenset[str]] = frozenset()
+    """Fields added after logs existed: left out of the payload while they hold their default,
+    so events of runs that do not use them keep their bytes (and fingerprints)."""
+    carries_memory: ClassVar[bool] = False
+    """Whether the event changes memory a later run can start from (offline mode copies these)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for name in self.omit_if_default:
+            if name in data and getattr(self, name) == type(self).model_fields[name].get_default(
+                    call_default_factory=True):
+                del data[name]
+        return data
 
 
 _REGISTRY: dict[str, type[EventPayload]] = {}

@@ -9,6 +9,7 @@ already made, as events.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from store import event_types as ev
 from store.events import EventPayload
@@ -67,6 +68,8 @@ class MemoryState:
     rules_added: int = 0
     episodes_added: int = 0
     last_seq: int = -1
+    policy_memory: Any = None
+    """The part holding another policy's memory (store/policy_memory.py); the projection folds it."""
 
     def active_rules(self) -> list[Rule]:
         return [r for r in self.rules.values() if r.status == "active"]
@@ -149,7 +152,7 @@ class MemoryState:
         labels = {"Trusted": 0, "Caution": 0, "Avoid": 0}
         for t in self.tools.values():
             labels[t.label] += 1
-        return {
+        out = {
             "episodes": len(self.episodes),
             "rules": len(active),
             "rules_by_priority": by_priority,
@@ -157,6 +160,9 @@ class MemoryState:
             "tools": {name: self.tools[name].label for name in sorted(self.tools)},
             "tool_labels": labels,
         }
+        if self.policy_memory is not None:
+            out.update(self.policy_memory.counts())
+        return out
 
 
 _FOLD = {

@@ -17,11 +17,12 @@ import numpy as np
 from store import event_types as ev
 from store.embeddings import EmbeddingCache
 from store.eventstore import EventStore
-from store.events import EventPayload, StoredEvent
+from store.events import EventPayload, StoredEvent, payload_class, upcast
 from store.memory_state import MemoryState
+from store.policy_memory import part_for
 from store.vector_index import VectorIndex
 
-PROJECTION_VERSION = 1
+PROJECTION_VERSION = 2  # 2: policy memory parts, memory.seeded
 CHECKPOINT_NAME = "memory"
 
 CHECKPOINT_SCHEMA = """CREATE TABLE IF NOT EXISTS checkpoints (
@@ -31,6 +32,8 @@ CHECKPOINT_SCHEMA = """CREATE TABLE IF NOT EXISTS checkpoints (
 
 class MemoryProjection:
     def __init__(self, dim: int, exact_limit: int = 4096):
+        self.dim = dim
+        self.exact_limit = exact_limit
         self.state = MemoryState()
         self.rule_index = VectorIndex(dim, exact_limit=exact_limit)
         self.episode_index = VectorIndex(dim, exact_limit=exact_limit)
@@ -63,7 +66,14 @@ class MemoryProjection:
             self.last_chain = e.chain
 
     def apply(self, seq: int, payload: EventPayload) -> None:
+        if isinstance(payload, ev.MemorySeeded):
+            self._seed(seq, payload)
+            return
+        if isinstance(payload, ev.RunStarted):
+            self.state.policy_memory = part_for(payload.policy_name, self.dim, self.exact_limit)
         self.state.apply(seq, payload)
+        if self.state.policy_memory is not None:
+            self.state.policy_memory.apply(seq, payload, self.embed)
         # Index maintenance after the state change, from the same event.
         if isinstance(payload, ev.RuleAdded):
             self._index_rule(payload.rule_id, payload.text)
@@ -77,6 +87,15 @@ class MemoryProjection:
         elif isinstance(payload, ev.EpisodeStored):
             label = self.episode_index.add(self.embed(payload.descriptor))
             self.episode_by_label[label] = payload.episode_id
+
+    def _seed(self, seq: int, seeded: ev.MemorySeeded) -> None:
+        """Fold another run's memory events. They get negative seqs in the source's order, so
+        everything tie-broken by creation order ranks them before this run's own items."""
+        base = seeded.source_seq + 1
+        for item in seeded.events:
+            data = upcast(item["type"], item["schema_version"], item["payload"])
+            self.apply(item["seq"] - base, payload_class(item["type"]).model_validate(data))
+        self.state.last_seq = seq
 
     def _index_rule(self, rule_id: str, text: str) -> None:
         label = self.rule_index.add(self.embed(text))

@@ -20,6 +20,11 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 MAB_TASKS = SHARED_DATA / "medagentbench" / "test_data_v2.json"
 MAB_FUNCS = SHARED_DATA / "medagentbench" / "funcs_v1.json"
 MAB_PATIENTS = SHARED_DATA / "medagentbench_rl_fork" / "patients_from_snapshot.json"
+AGENTCLINIC = SHARED_DATA / "agentclinic"
+AC_MEDQA = AGENTCLINIC / "agentclinic_medqa.jsonl"
+AC_MEDQA_EXT = AGENTCLINIC / "agentclinic_medqa_extended.jsonl"
+AC_NEJM = AGENTCLINIC / "agentclinic_nejm.jsonl"
+AC_NEJM_EXT = AGENTCLINIC / "agentclinic_nejm_extended.jsonl"
 needs_medagentbench = pytest.mark.skipif(
     not (MAB_TASKS.exists() and MAB_FUNCS.exists() and MAB_PATIENTS.exists()),
     reason=f"MedAgentBench data not found under {SHARED_DATA} (../shared/data)")

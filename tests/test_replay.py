@@ -126,7 +126,7 @@ def test_bad_replay_input_exits_2_with_a_message(db_copy, tmp_path):
         (["--from", "src", "--ablation", "w/o-everything"], "unknown ablation"),
         (["--from", "src", "--set", "bogus=1"], "no field 'bogus'"),
         (["--from", "src", "--set", "top_k_rules=-3"], "top_k_rules"),
-        (["--from", "src", "--policy", "none", "--ablation", "no-writing"], "evo-medagent"),
+        (["--from", "src", "--policy", "none", "--ablation", "no-writing"], "no ablation switches"),
         (["--from", "src", "--plot", str(tmp_path / "missing" / "x.png")], "directory does not exist"),
         (["--from", "src", "--backbone", "openai"], "--backbone sim"),
     ]

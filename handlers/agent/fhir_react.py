@@ -5,7 +5,8 @@ same context guard and step bound; the tools are the benchmark's FHIR functions 
 executed by `FhirTools` against the sandbox or a real server (`--fhir-base`), and the answer is the
 benchmark's `FINISH([...])` list. The FHIR calls land in `tools.trajectory`, which is what grading
 reads (accepted POSTs and the FINISH payload), as the official evaluation does.
-Not yet wired into `grandrounds run` (the pipeline stages take mcq cases only).
+`grandrounds run --env medagentbench` runs it as the act stage of the openai backbone (and
+`sim_fhir_agent` as the sim's), with the run's memory in the task prompt's memory block.
 """
 
 from __future__ import annotations
@@ -45,6 +46,17 @@ def functions_block(tools: FhirTools) -> str:
         summary = f.description.split("\n")[0][:300]
         lines.append(f"- {f.name} ({f.method} {f.resource}): {summary}\n  parameters: {json.dumps(f.parameters)}")
     return "\n".join(lines)
+
+
+def fhir_memory_block(prefix: str) -> str:
+    """A policy's rendered memory without the MCQ base protocol it opens with (it asks for an option
+    letter; the FHIR system prompt is the protocol here). Empty when nothing else is in memory."""
+    from handlers.policies.render import BASE_PROTOCOL
+
+    head = f"## Protocol\n{BASE_PROTOCOL}"
+    if prefix.startswith(head):
+        prefix = prefix[len(head):]
+    return prefix.strip("\n")
 
 
 def fhir_task_prompt(view: FhirCaseView, memory_prefix: str = "") -> str:

@@ -24,7 +24,8 @@ from handlers.llm.errors import LLMUnavailable
 from handlers.llm.gateway import LLMGateway
 from handlers.llm.recorder import Recorder
 from handlers.tools import ToolBox
-from store.event_types import AgentStep, AnswerGiven, MemoryRetrieved, ToolCall
+from handlers.policies.base import SUMMARISER, StepMemory, agent_state
+from store.event_types import AgentStep, AnswerGiven, MemoryItem, MemoryRetrieved, ToolCall
 
 
 SYSTEM = """You are a clinical reasoning agent answering a multiple-choice case.
@@ -58,18 +59,30 @@ def tools_line(toolbox: ToolBox, memory: MemoryRetrieved) -> str:
                      for n in toolbox.names)
 
 
+def step_guidance(items: list[MemoryItem]) -> str:
+    return "\n\n## Guidance for this step\n" + "\n".join(f"- {i.text}" for i in items) if items else ""
+
+
 async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetrieved, toolbox: ToolBox,
-                        recorder: Recorder, cfg: AgentConfig = AgentConfig()) -> AnswerGiven:
+                        recorder: Recorder, cfg: AgentConfig = AgentConfig(),
+                        step_memory: StepMemory | None = None) -> AnswerGiven:
     system = SYSTEM.format(max_steps=cfg.max_steps, tools=tools_line(toolbox, memory))
     task = task_prompt(view, memory)  # rendered each step from memory; never part of the history
     labels = {g.tool: g.label for g in memory.tool_guidance}
+    lessons = [i.text for i in memory.items if i.detail.get("audience") == SUMMARISER]  # RetroSum experience
     history: list[HistoryTurn] = []
+    transitions: list[tuple[str, str]] = []
     steps: list[AgentStep] = []
     outputs: list[tuple[str, str | None]] = []
     summary: tuple[int, str] | None = None
     for step in range(1, cfg.max_steps + 1):
         final = step == cfg.max_steps
-        messages = render(system, task, history, step, final, cfg.guard, summary)
+        shown = ""
+        if step_memory is not None:  # SELSM: retrieval before every decision, recorded by id
+            items = step_memory(agent_state(view.question, transitions))
+            steps.append(AgentStep(kind="memory", content=",".join(i.item_id for i in items)))
+            shown = step_guidance(items)
+        messages = render(system, task + shown, history, step, final, cfg.guard, summary)
         try:
             reply = await gateway.complete(messages, recorder, f"react-step-{step}")
         except LLMUnavailable as exc:
@@ -92,13 +105,15 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
             steps.append(AgentStep(kind="tool", content=json.dumps({"name": turn.tool, "arguments": turn.arguments},
                                                                    sort_keys=True)))
             finding = out is not None
+            transitions.append((f"call {turn.tool}", observation))
         else:
             observation, finding = turn.error or "format error", False
+            transitions.append(("invalid action", observation))
         steps.append(AgentStep(kind="observation", content=observation))
         history.append(HistoryTurn(reply.text, observation, turn.signature, finding))
         if due(step, cfg.summary_every, final):
             try:
-                written = await summarise(gateway, view, history, recorder)
+                written = await summarise(gateway, view, history, recorder, lessons)
             except LLMUnavailable as exc:
                 raise CaseFailure(f"model unavailable for the summary after step {step}: {exc}", steps) from None
             summary = (step, written.text.strip())

@@ -10,8 +10,8 @@ so an early mistake is not compounded). The actor then sees the raw history plus
 summary (`guard.render(summary=...)`): rendering only, the trajectory keeps everything and
 gains an `AgentStep(kind="summary")` after the step the summary was written at.
 
-Not here yet: RetroSum's experience bank (actor and summariser lessons keyed by the patient
-context) — that is a memory policy, not part of the loop.
+RetroSum's experience bank (the `retrosum` memory policy) conditions the summariser too:
+summariser lessons retrieved for the case are shown here, under their own heading.
 """
 
 from __future__ import annotations
@@ -33,16 +33,21 @@ def due(step: int, every: int, final: bool) -> bool:
     return every > 0 and not final and step % every == 0
 
 
-def summariser_messages(view: CaseView, history: list[HistoryTurn]) -> list[dict[str, str]]:
-    """The case (without the memory block) and every raw step, verbatim."""
+def summariser_messages(view: CaseView, history: list[HistoryTurn],
+                        lessons: list[str] | None = None) -> list[dict[str, str]]:
+    """The case (without the actor's memory block), the summariser's own lessons, every raw step."""
     options = "\n".join(f"{k}) {v}" for k, v in view.options.items())
     steps = "\n\n".join(f"### Step {i}\nAgent: {t.output}\nObservation: {t.observation}"
                         for i, t in enumerate(history, start=1))
-    user = (f"## Case (category: {view.category})\n{view.question}\n\nOptions:\n{options}\n\n"
+    taught = ("## Lessons for the summariser from a similar past case\n"
+              + "\n".join(f"- {x}" for x in lessons) + "\n\n") if lessons else ""
+    user = (f"## Case (category: {view.category})\n{view.question}\n\nOptions:\n{options}\n\n{taught}"
             f"## Full history (steps 1-{len(history)})\n{steps}\n\n"
             f"Write the retrospective summary after step {len(history)}.")
     return [{"role": "system", "content": SUMMARISE_SYSTEM}, {"role": "user", "content": user}]
 
 
-async def summarise(gateway: LLMGateway, view: CaseView, history: list[HistoryTurn], recorder: Recorder) -> Reply:
-    return await gateway.complete(summariser_messages(view, history), recorder, f"summarise-step-{len(history)}")
+async def summarise(gateway: LLMGateway, view: CaseView, history: list[HistoryTurn], recorder: Recorder,
+                    lessons: list[str] | None = None) -> Reply:
+    return await gateway.complete(summariser_messages(view, history, lessons), recorder,
+                                  f"summarise-step-{len(history)}")

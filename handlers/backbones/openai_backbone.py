@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from handlers.agent.react import AgentConfig, run_mcq_agent
 from handlers.backbones.base import CaseFailure
-from handlers.cases import Case, CaseView
+from handlers.cases import Case, CaseView, FhirCase, FhirCaseView
 from handlers.llm.errors import LLMUnavailable, StructuredOutputError
 from handlers.llm.gateway import LLMGateway
 from handlers.llm.recorder import Recorder
@@ -62,6 +62,31 @@ def reflection_prompt(case: Case, memory: MemoryRetrieved, answer: AnswerGiven, 
             f"{case.options[case.answer]} ({verdict}).")
 
 
+FHIR_REFLECT_SYSTEM = """You maintain the procedural memory of an agent that works in an EHR through FHIR functions
+(MedAgentBench tasks: GET to read, POST to write, FINISH([...]) to answer).
+After each task you see the instruction, the agent's FHIR calls and answer, the official grader's verdict and the
+action pattern the grader checks, and the rules that were shown to the agent. Write a short summary, one reusable
+guideline for tasks of this kind, and patch-style rule edits:
+  add (text, trigger key terms, priority 0 = most urgent .. 2), edit (rule_id, new text),
+  reprioritise (rule_id, priority), retire (rule_id). Propose no edit when memory is already right.
+Rules must describe the task template and the correct FHIR calls and payload fields, never this task's patient,
+MRN, names, dates or values."""
+
+
+def fhir_reflection_prompt(case: FhirCase, memory: MemoryRetrieved, answer: AnswerGiven,
+                           fb: FeedbackRecorded) -> str:
+    from handlers.environments.medagentbench import REFERENCE_PATTERNS
+
+    rules = "\n".join(f"- {r.rule_id} [P{r.priority}] {r.text}" for r in memory.rules) or "(none)"
+    trace = "\n".join(f"{s.kind}: {s.content[:1500]}" for s in answer.steps)
+    verdict = "correct" if fb.correct else "wrong"
+    return (f"## FHIR task (type {case.task_type}, category: {case.category})\n{case.instruction}\n\n"
+            f"## Context\n{case.context}\n\n## Rules shown to the agent\n{rules}\n\n"
+            f"## Agent trajectory\n{trace}\n\n"
+            f"## Outcome\nAgent finished with {answer.answer}; graded {verdict} by {fb.gold}.\n"
+            f"What the grader checks for this task type: {REFERENCE_PATTERNS[case.task_type]}.")
+
+
 class OpenAIBackbone:
     name = "openai"
     records_exchanges = True
@@ -75,20 +100,35 @@ class OpenAIBackbone:
         self.structured_mode = structured_mode
 
     async def act(self, view: CaseView, memory: MemoryRetrieved, toolbox: ToolBox, rng: np.random.Generator,
-                  recorder: Recorder | None = None) -> AnswerGiven:
+                  recorder: Recorder | None = None, step_memory=None) -> AnswerGiven:
         if recorder is None:
             raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
         try:
-            return await run_mcq_agent(self.gateway, view, memory, toolbox, recorder, self.agent)
+            return await run_mcq_agent(self.gateway, view, memory, toolbox, recorder, self.agent, step_memory)
         except LLMUnavailable as exc:
             raise CaseFailure(f"model unavailable: {exc}") from None
+
+    async def act_fhir(self, view: FhirCaseView, memory: MemoryRetrieved, tools,
+                       recorder: Recorder | None = None) -> AnswerGiven:
+        """A FHIR task through the environment's tools (`FhirTools`): the FHIR ReAct loop, with the
+        run's memory in the task prompt's memory block."""
+        from handlers.agent.fhir_react import fhir_memory_block, run_fhir_agent
+
+        if recorder is None:
+            raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
+        return await run_fhir_agent(self.gateway, view, tools, recorder, self.agent,
+                                    memory_prefix=fhir_memory_block(memory.prefix))
 
     async def reflect(self, case: Case, memory: MemoryRetrieved, answer: AnswerGiven, feedback: FeedbackRecorded,
                       recorder: Recorder | None = None) -> ReflectionRecorded:
         if recorder is None:
             raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
-        messages = [{"role": "system", "content": REFLECT_SYSTEM},
-                    {"role": "user", "content": reflection_prompt(case, memory, answer, feedback)}]
+        if isinstance(case, FhirCase):
+            messages = [{"role": "system", "content": FHIR_REFLECT_SYSTEM},
+                        {"role": "user", "content": fhir_reflection_prompt(case, memory, answer, feedback)}]
+        else:
+            messages = [{"role": "system", "content": REFLECT_SYSTEM},
+                        {"role": "user", "content": reflection_prompt(case, memory, answer, feedback)}]
         try:
             draft = await structured(self.gateway, messages, ReflectionDraft, recorder, "reflection",
                                      self.structured_mode)
@@ -96,6 +136,17 @@ class OpenAIBackbone:
             raise CaseFailure(f"reflection failed: {exc}") from None
         edits = [RuleEditProposal(**e.model_dump()) for e in draft.edits]
         return ReflectionRecorded(summary=draft.summary, guideline=draft.guideline, edits=edits)
+
+    async def solve(self, task, recorder: Recorder | None = None):
+        """A policy's model task (handlers/policies/base.py `ModelTask`) as a structured call."""
+        if recorder is None:
+            raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
+        messages = [{"role": "system", "content": task.system}, {"role": "user", "content": task.prompt}]
+        try:
+            return await structured(self.gateway, messages, task.response, recorder, task.purpose,
+                                    self.structured_mode)
+        except (LLMUnavailable, StructuredOutputError) as exc:
+            raise CaseFailure(f"{task.purpose} failed: {exc}") from None
 
     async def aclose(self) -> None:
         await self.gateway.aclose()

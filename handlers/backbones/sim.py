@@ -6,14 +6,21 @@ options, uses tools as their governance labels allow, and otherwise picks the op
 the highest lexical overlap. While reflecting (gold legitimately visible) it writes a rule
 and guideline linking the case's key terms to the correct option text. Learning curves
 therefore depend only on retrieval, valuation and governance — what the tests probe.
+
+FHIR tasks (MedAgentBench): the sim acts with the scripted template agent
+(`handlers.agent.fhir_react.sim_fhir_agent`) through the environment's FHIR tools, and reflects
+by linking the task template's key terms to the action pattern the official grader checks.
 """
 
 from __future__ import annotations
 
+import json
+from urllib.parse import urlsplit
+
 import numpy as np
 
-from handlers.cases import Case, CaseView
-from handlers.policies.evo_medagent import demoted
+from handlers.cases import Case, CaseView, FhirCase, FhirCaseView
+from handlers.policies.base import agent_state
 from handlers.text import content_tokens, key_terms, trigger_overlap
 from handlers.tools import ToolBox
 from store.event_types import (AgentStep, AnswerGiven, FeedbackRecorded, MemoryRetrieved,
@@ -50,21 +57,32 @@ class SimBackbone:
         self.follow_overlap = follow_overlap
         self.edit_overlap = edit_overlap
 
+    async def solve(self, task):
+        """A policy's model task (distillation, judging, lessons): the task's offline answer."""
+        return task.offline()
+
     async def act(self, view: CaseView, memory: MemoryRetrieved, toolbox: ToolBox,
-                  rng: np.random.Generator) -> AnswerGiven:
+                  rng: np.random.Generator, step_memory=None) -> AnswerGiven:
         q = content_tokens(view.question)
         steps: list[AgentStep] = []
 
-        # Distilled rules take precedence over raw episodes; within a kind, the best-matching item.
+        # Per-step retrieval (SELSM) happens before the decision; the trajectory records what was shown.
+        step_items = list(step_memory(agent_state(view.question, []))) if step_memory is not None else []
+        if step_memory is not None:
+            steps.append(AgentStep(kind="memory", content=",".join(i.item_id for i in step_items)))
+
+        # Distilled knowledge (rules, or another policy's skills and lessons) takes precedence over
+        # raw episodes; within a tier, the best-matching item, the earlier on ties.
+        distilled = [(f"rule:{r.rule_id}", r.text, r.trigger) for r in memory.rules]
+        distilled += [(f"{i.kind}:{i.item_id}", i.text, i.trigger) for i in (*memory.items, *step_items)]
+        raw = [(f"episode:{e.episode_id}", e.guideline, e.trigger) for e in memory.episodes]
         follow: tuple[str, str, float] | None = None  # (source, letter, overlap)
-        for kind, items in (("rule", memory.rules), ("episode", memory.episodes)):
-            for item in items:
-                text = item.text if kind == "rule" else item.guideline
-                item_id = item.rule_id if kind == "rule" else item.episode_id
+        for tier in (distilled, raw):
+            for source, text, trigger in tier:
                 letter = option_named(text, view.options)
-                overlap = trigger_overlap(item.trigger, q)
+                overlap = trigger_overlap(trigger, q)
                 if letter and overlap >= self.follow_overlap and (follow is None or overlap > follow[2]):
-                    follow = (f"{kind}:{item_id}", letter, overlap)
+                    follow = (source, letter, overlap)
             if follow:
                 break
         if follow:
@@ -87,7 +105,7 @@ class SimBackbone:
             return next(((t, o) for t, l, o in outputs if l == label and o), None)
 
         trusted, caution = first("Trusted"), first("Caution")
-        if follow and follow[0].startswith("rule:"):
+        if follow and not follow[0].startswith("episode:"):
             answer, source = follow[1], follow[0]
         elif trusted:
             answer, source = trusted[1], f"tool:{trusted[0]}"
@@ -103,8 +121,16 @@ class SimBackbone:
         calls = [ToolCall(tool=t, label=l, output=o, adopted=o is not None and o == answer) for t, l, o in outputs]
         return AnswerGiven(answer=answer, source=source, steps=steps, tool_calls=calls)
 
+    async def act_fhir(self, view: FhirCaseView, memory: MemoryRetrieved, tools) -> AnswerGiven:
+        """A FHIR task through the environment's tools (`FhirTools`): the scripted template agent."""
+        from handlers.agent.fhir_react import sim_fhir_agent
+
+        return sim_fhir_agent(view, tools)
+
     async def reflect(self, case: Case, memory: MemoryRetrieved, answer: AnswerGiven,
                       feedback: FeedbackRecorded) -> ReflectionRecorded:
+        if isinstance(case, FhirCase):
+            return fhir_reflection(case, memory, answer, feedback)
         gold_text = case.options[case.answer]
         terms = key_terms(case.question)
         summary = (f"[{case.category}] Answered {answer.answer} ('{case.options[answer.answer]}') via "
@@ -124,7 +150,7 @@ class SimBackbone:
                                                   reason="misled on a case it only partly matched, already lowest priority"))
                 else:
                     edits.append(RuleEditProposal(op="reprioritise", rule_id=followed.rule_id,
-                                                  priority=demoted(followed.priority),
+                                                  priority=min(2, followed.priority + 1),  # demoted
                                                   reason="misled on a case it only partly matched"))
                 edits.append(RuleEditProposal(op="add", text=new_text, trigger=terms, priority=0,
                                               reason="corrective rule after a wrong answer"))
@@ -134,3 +160,37 @@ class SimBackbone:
                                           reason="consolidate a correct answer" if feedback.correct
                                           else "corrective rule after a wrong answer"))
         return ReflectionRecorded(summary=summary, guideline=guideline, edits=edits)
+
+
+def fhir_action_summary(answer: AnswerGiven) -> str:
+    """`GET Patient, POST Observation` from the recorded tool steps (the environment's call records)."""
+    calls = []
+    for step in answer.steps:
+        if step.kind == "tool":
+            c = json.loads(step.content)
+            calls.append(f"{c['method']} {urlsplit(c['url']).path.rsplit('/', 1)[-1]}")
+    return ", ".join(calls) or "no FHIR call"
+
+
+def fhir_reflection(case: FhirCase, memory: MemoryRetrieved, answer: AnswerGiven,
+                    feedback: FeedbackRecorded) -> ReflectionRecorded:
+    """After grading: a rule linking the task template's key terms to the action pattern the official
+    grader checks (`REFERENCE_PATTERNS`, the gold side, visible now). A rule that was followed and
+    misled is rewritten; otherwise the rule is proposed (evo turns a near-duplicate into an escalation)."""
+    from handlers.environments.medagentbench import REFERENCE_PATTERNS, template_terms
+
+    terms = template_terms(case.instruction)
+    verdict = "correct" if feedback.correct else "wrong"
+    summary = (f"[{case.category}] {fhir_action_summary(answer)}, then FINISH({answer.answer}) via "
+               f"{answer.source}: {verdict} ({feedback.gold}).")
+    guideline = f"For tasks like '{' '.join(terms)}': {REFERENCE_PATTERNS[case.task_type]}."
+    followed = next((r for r in memory.rules if f"rule:{r.rule_id}" == answer.source), None)
+    edits: list[RuleEditProposal] = []
+    if followed is not None and not feedback.correct:
+        edits.append(RuleEditProposal(op="edit", rule_id=followed.rule_id, text=guideline, trigger=terms,
+                                      reason="rule was followed on this task template and the grader refused it"))
+    elif followed is None:
+        edits.append(RuleEditProposal(op="add", text=guideline, trigger=terms, priority=1 if feedback.correct else 0,
+                                      reason="consolidate a graded-correct action pattern" if feedback.correct
+                                      else "corrective rule after a wrong action"))
+    return ReflectionRecorded(summary=summary, guideline=guideline, edits=edits)

@@ -83,8 +83,10 @@ def _matches(p: dict, params: dict[str, str]) -> bool:
 
 def bundle(base: str, url: str, resources: list[dict]) -> dict:
     # Ids derived from the request, not uuid4: responses reach the agent's trajectory, whose
-    # events must be the same bytes on a re-execution (DESIGN §3).
-    return {"resourceType": "Bundle", "id": content_hash(url)[:32], "type": "searchset", "total": len(resources),
+    # events must be the same bytes on a re-execution (DESIGN §3). Hashed without the base, whose
+    # port is free-chosen per run, so the id is also the same from one sandbox to the next.
+    key = url[len(base):] if url.startswith(base) else url
+    return {"resourceType": "Bundle", "id": content_hash(key)[:32], "type": "searchset", "total": len(resources),
             "link": [{"relation": "self", "url": url}],
             "entry": [{"fullUrl": f"{base}{r['resourceType']}/{r['id']}", "resource": r,
                        "search": {"mode": "match"}} for r in resources]}

@@ -33,6 +33,8 @@ from handlers.cases import FhirCase
 NOW = "2023-11-13T10:15:00+00:00"
 OFFLINE_TASK_TYPES = (1, 2, 3, 8)
 FULL_SERVER_TASK_TYPES = (4, 5, 6, 7, 9, 10)
+ACTION_TASK_TYPES = (3, 5, 8, 9, 10)
+"""SELSM's action tasks (may change server state by POST); the others are query tasks."""
 TASK8_COMMENT = ("Situation: acute left knee injury, Background: radiology report indicates ACL tear. "
                  "Assessment: ACL tear grade II. Recommendation: request for Orthopedic service to evaluate "
                  "and provide management recommendations.")
@@ -130,9 +132,14 @@ class FhirTools:
     `send_posts=True` (the sandbox) it is also sent and accepted only on 201.
     """
 
-    def __init__(self, functions: list[FhirFunction], base: str, send_posts: bool = False):
+    def __init__(self, functions: list[FhirFunction], base: str, send_posts: bool = False,
+                 public_base: str | None = None):
         self.functions = {f.name: f for f in functions}
         self.base = base if base.endswith("/") else base + "/"
+        self.public_base = (public_base or self.base).rstrip("/") + "/"
+        """The base the agent is shown and writes URLs with (`get_url`/`post_url`). The sandbox listens on
+        a free port; showing the agent a fixed base instead keeps its prompts (and so the request hashes a
+        recorded run is re-served by) the same from one run to the next."""
         self.send_posts = send_posts
         self.trajectory = FhirTrajectory()
 
@@ -154,6 +161,8 @@ class FhirTools:
                 self.trajectory.calls.append(FhirCall("GET", full, accepted=False))
                 return f"Error in sending the GET request: {exc}"
             self.trajectory.calls.append(FhirCall("GET", full, accepted=status == 200))
+            if self.public_base != self.base:
+                text = text.replace(self.base, self.public_base)  # as `get_url`: the agent sees the public base
             if status != 200:
                 return f"Error in sending the GET request: HTTP {status}: {text[:500]}"
             return (f"Here is the response from the GET request:\n{text}. Please call FINISH if you have got "
@@ -178,6 +187,59 @@ class FhirTools:
 
     def finish(self, result: str) -> None:
         self.trajectory.result = result
+
+    # The official text protocol names full URLs ("GET {api_base}Patient?..." / "POST {api_base}Observation").
+    # Only URLs under `base` are served: a model's output must not make the harness fetch anything else.
+
+    def _under_base(self, url: str) -> bool:
+        return url.startswith(self.public_base) and ".." not in url[len(self.public_base):]
+
+    def _real(self, url: str) -> str:
+        return self.base + url[len(self.public_base):]
+
+    def get_url(self, url: str) -> str:
+        """The benchmark's GET: the URL as the agent wrote it, plus `_format=json`."""
+        url = url.strip()
+        if not self._under_base(url):
+            self.trajectory.calls.append(FhirCall("GET", url, accepted=False))
+            return f"Error in sending the GET request: only URLs under {self.public_base} are served"
+        url = self._real(url)
+        full = url + ("&" if "?" in url else "?") + "_format=json"
+        try:
+            status, text = http_get_json(full)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            self.trajectory.calls.append(FhirCall("GET", full, accepted=False))
+            return f"Error in sending the GET request: {exc}"
+        self.trajectory.calls.append(FhirCall("GET", full, accepted=status == 200))
+        if self.public_base != self.base:
+            text = text.replace(self.base, self.public_base)  # fullUrls name the server's real address
+        if status != 200:
+            return f"Error in sending the GET request: HTTP {status}: {text[:500]}"
+        return (f"Here is the response from the GET request:\n{text}. Please call FINISH if you have got "
+                "answers for all the questions and finished all the requested tasks")
+
+    def post_url(self, url: str, payload: Any) -> str:
+        """The benchmark's POST: any JSON object under the base is accepted (and sent to the sandbox with
+        `send_posts`); grading compares its URL with `{base}<Resource>`."""
+        url = url.strip()
+        if not isinstance(payload, dict) or not self._under_base(url):
+            self.trajectory.calls.append(FhirCall("POST", url, None, accepted=False))
+            return "Invalid POST request"
+        url = self._real(url)  # recorded at the real base, which is what grading compares with
+        accepted = True
+        if self.send_posts:
+            req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                         headers={"Content-Type": "application/fhir+json"})
+            try:
+                with urllib.request.urlopen(req, timeout=15) as r:  # noqa: S310 (under base only)
+                    accepted = r.status == 201
+            except (urllib.error.URLError, OSError, ValueError):
+                accepted = False
+        self.trajectory.calls.append(FhirCall("POST", url, dict(payload), accepted=accepted))
+        if not accepted:
+            return "Invalid POST request"
+        return ("POST request accepted and executed successfully. Please call FINISH if you have got answers "
+                "for all the questions and finished all the requested tasks")
 
 
 # -- grading (refsol.py) ---------------------------------------------------------------------
@@ -443,6 +505,50 @@ def grade(case: FhirCase, trajectory: FhirTrajectory, fhir_base: str, full_serve
                               "grade it against the real FHIR server (--fhir-base)")
     base = fhir_base if fhir_base.endswith("/") else fhir_base + "/"
     return GRADERS[case.task_type](case, trajectory, base, fetch)
+
+
+# -- what the grader expects, in words (shown to reflection, after feedback) ------------------
+
+REFERENCE_PATTERNS = {
+    1: 'GET Patient searching by the given name, family name and birthdate, then FINISH(["<MRN>"]) with the '
+       'matching patient\'s identifier, or FINISH(["Patient not found"]); no POST',
+    2: "GET Patient?identifier=<MRN>, compute the age from birthDate as of 2023-11-13 (rounded down), then "
+       "FINISH([<age>]); no POST",
+    3: "POST exactly one Observation (category vital-signs, code {\"text\": \"BP\"}, effectiveDateTime "
+       f"{NOW}, status final, valueString the reading as given, subject Patient/<MRN>), then FINISH([])",
+    4: "GET Observation?patient=<MRN>&code=MG, take the latest value of the last 24 hours, FINISH([value]) or "
+       "FINISH([-1]) when there is none; no POST",
+    5: "GET Observation code MG; when the latest value of the last 24 hours is 1.9 mg/dL or lower, POST one "
+       "MedicationRequest (NDC 0338-1715-40, route IV, 1/2/4 g over 1/2/4 h by severity); FINISH([value]); "
+       "order nothing when there is no value",
+    6: "GET Observation code GLU, average the values of the last 24 hours, FINISH([average]) or FINISH([-1]); "
+       "no POST",
+    7: "GET Observation code GLU, FINISH([latest value]) or FINISH([-1]) when there is none; no POST",
+    8: "POST exactly one ServiceRequest (SNOMED 306181000000106, authoredOn now, status active, intent order, "
+       "priority stat, note.text with the SBAR text given, subject Patient/<MRN>), then FINISH([])",
+    9: "GET Observation code K; when the latest value is below 3.5, POST a MedicationRequest (NDC 40032-917-01, "
+       "oral, 10 mEq per 0.1 below 3.5) then a ServiceRequest (LOINC 2823-3, next day 08:00); FINISH([value])",
+    10: "GET Observation code A1C; FINISH([value, date]) of the latest, or FINISH([-1]); when it is missing or "
+        "older than a year, POST one ServiceRequest (LOINC 4548-4)",
+}
+"""The refsol rules of each task type as an action pattern: what reflection (gold visible) learns from."""
+
+_QUOTED = re.compile(r'"[^"]*"|“[^”]*”')
+_MID_SENTENCE_NAME = re.compile(r"(?<=[a-z] )[A-Z][a-z]+\b")
+
+
+def template_terms(instruction: str, limit: int = 8) -> list[str]:
+    """The key terms of a task's template, without its instance: quoted values, proper names in mid
+    sentence and tokens with digits (MRNs, dates) are dropped, so tasks of one template share them."""
+    from handlers.text import STOPWORDS, tokens
+
+    out: list[str] = []
+    for t in tokens(_MID_SENTENCE_NAME.sub(" ", _QUOTED.sub(" ", instruction))):
+        # `key_terms` rules, but three letters are enough here: MRN, DOB, CBG name the task
+        if t in STOPWORDS or len(t) < 3 or any(ch.isdigit() for ch in t) or t in out:
+            continue
+        out.append(t)
+    return out[:limit]
 
 
 # -- the agent's final answer ----------------------------------------------------------------

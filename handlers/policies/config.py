@@ -8,16 +8,25 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, ValidationError, WithJsonSchema
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Attribute docstrings become field descriptions: `grandrounds policies` prints them.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
-class EvoMedAgentPolicy(_Config):
+class PolicyBase(_Config):
+    """What every policy config has: its name, and the ablation switches its papers report."""
+
+    name: str
+    ablations: ClassVar[dict[str, dict[str, Any]]] = {}
+    """Switch name -> the fields it sets (`replay --ablation NAME`, `run --ablation NAME`)."""
+
+
+class EvoMedAgentPolicy(PolicyBase):
     """Evo-MedAgent: episodic E, procedural rules S, tool governance G."""
 
     name: Literal["evo-medagent"] = "evo-medagent"
@@ -36,62 +45,125 @@ class EvoMedAgentPolicy(_Config):
     candidate_pool: int = Field(32, ge=1)
     """Rules scored per case: the nearest by cosine (HNSW above the exact limit)."""
     w_relevance: float = 0.4
+    """Weight of cosine relevance in the rule selection score."""
     w_utility: float = 0.4
+    """Weight of rule utility in the selection score (0: the no-valuation ablation)."""
     w_priority: float = 0.2
+    """Weight of the priority bonus in the selection score."""
     priority_bonus: tuple[float, float, float] = (0.2, 0.1, 0.0)
     """Bonus for priority 0, 1, 2 (0 = highest clinical urgency)."""
     exploration_c: float = 0.15
+    """c in utility = success rate + c·sqrt(ln(N+1)/(n+1))."""
     untested_utility: float = 0.8
+    """Utility of a rule never selected yet."""
     duplicate_cosine: float = 0.85
     """A proposed rule this close to an active one escalates that rule's priority instead."""
     trusted_min_uses: int = 6
+    """Trusted needs at least this many uses ..."""
     trusted_helpful_rate: float = 0.70
+    """... a helpful rate above this, and no harmful output."""
     avoid_min_uses: int = 10
+    """Avoid needs at least this many uses ..."""
     avoid_bad_rate: float = 0.60
+    """... and (harmful + misuse_weight·misuse)/n above this."""
     misuse_weight: float = 0.5
+    """Weight of a misuse (calling an Avoid tool) in the Avoid rate."""
+
+    ablations: ClassVar[dict[str, dict[str, Any]]] = {
+        "no-writing": {"writing": False},
+        "no-governance": {"governance": False},
+        "no-valuation": {"w_utility": 0.0},
+        "similarity-only": {"w_utility": 0.0, "w_priority": 0.0},
+        "procedural-only": {"episodic": False},
+        "episodic-only": {"procedural": False},
+    }
 
 
-class NoMemoryPolicy(_Config):
+class NoMemoryPolicy(PolicyBase):
     """Memory-free ReAct baseline: the same pipeline, nothing retrieved or written."""
 
     name: Literal["none"] = "none"
-
-
-PolicyConfig = Annotated[Union[EvoMedAgentPolicy, NoMemoryPolicy], Field(discriminator="name")]
-_ADAPTER: TypeAdapter[PolicyConfig] = TypeAdapter(PolicyConfig)
-
-PRESETS: dict[str, PolicyConfig] = {
-    "evo-medagent": EvoMedAgentPolicy(),
-    "none": NoMemoryPolicy(),
-}
 
 
 class PolicyError(ValueError):
     pass
 
 
-def policy_from_dict(data: dict, source: str = "policy") -> PolicyConfig:
+def _coerce(value: Any) -> Any:
+    if isinstance(value, PolicyBase):
+        return value
+    if isinstance(value, dict):
+        return policy_from_dict(value)
+    raise PolicyError(f"not a policy: {value!r}")
+
+
+PolicyConfig = Annotated[
+    SerializeAsAny[PolicyBase], BeforeValidator(_coerce),
+    WithJsonSchema({"type": "object", "required": ["name"], "additionalProperties": True,
+                    "properties": {"name": {"type": "string",
+                                            "enum": ["evo-medagent", "none", "skemex", "selsm", "retrosum"]}},
+                    "description": "A memory policy's parameters; `name` picks the policy and its model "
+                                   "(`grandrounds policies` lists every parameter)."})]
+"""Any registered policy's config; validated by the class its `name` picks."""
+
+PRESET_DIR = Path(__file__).parent / "presets"
+"""The preset files shipped with grandrounds: `<name>.toml`, every parameter spelled out."""
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+
+
+def policy_from_dict(data: dict, source: str = "policy") -> PolicyBase:
+    from handlers.policies.registry import config_class, known_policies
+
+    name = data.get("name")
+    if not isinstance(name, str):
+        raise PolicyError(f"{source}: field 'name': required, one of {', '.join(known_policies())}")
     try:
-        return _ADAPTER.validate_python(data)
+        cls = config_class(name)
+    except KeyError:
+        raise PolicyError(f"{source}: field 'name': unknown policy {name!r} "
+                          f"(known: {', '.join(known_policies())})") from None
+    try:
+        return cls.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         raise PolicyError(f"{source}: field {field!r}: {err['msg']}") from None
 
 
-def load_policy(spec: str) -> PolicyConfig:
-    """A preset name, or a TOML file whose `name` picks the policy and whose keys override defaults."""
-    if spec in PRESETS:
-        return PRESETS[spec]
-    path = Path(spec)
-    if not path.exists():
-        raise PolicyError(f"unknown policy {spec!r}: not a preset ({', '.join(PRESETS)}) and no such file")
+def read_policy_file(path: Path) -> PolicyBase:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{spec}: not valid TOML ({exc})") from None
-    return policy_from_dict(data, source=spec)
+        raise PolicyError(f"{path}: not valid TOML ({exc})") from None
+    return policy_from_dict(data, source=str(path))
 
 
-def policy_to_dict(policy: PolicyConfig) -> dict:
+def load_policy(spec: str) -> PolicyBase:
+    """A preset name, or a TOML file whose `name` picks the policy and whose keys override defaults."""
+    preset = PRESET_DIR / f"{spec}.toml"
+    if "/" not in spec and preset.exists():
+        return read_policy_file(preset)
+    path = Path(spec)
+    if not path.exists():
+        raise PolicyError(f"unknown policy {spec!r}: not a preset ({', '.join(preset_names())}) and no such file")
+    return read_policy_file(path)
+
+
+def with_ablations(policy: PolicyBase, ablations: list[str]) -> PolicyBase:
+    """The policy with the named switches applied (validated again, so a clash is an error)."""
+    if not ablations:
+        return policy
+    data = policy_to_dict(policy)
+    for name in ablations:
+        if name not in policy.ablations:
+            known = ", ".join(policy.ablations) or "none"
+            raise PolicyError(f"unknown ablation {name!r} for policy {policy.name!r} (known: {known})")
+        data.update(policy.ablations[name])
+    return policy_from_dict(data, source="ablation")
+
+
+def policy_to_dict(policy: PolicyBase) -> dict:
     return policy.model_dump(mode="json")

@@ -1,22 +1,30 @@
-"""Evo-MedAgent's memory mechanisms (seed 003; parameters in DESIGN §6).
+"""Evo-MedAgent's memory (seed 003; parameters in DESIGN §6).
 
-Pure functions over the memory state: rule utility with its exploration bonus, the
-composite selection score, tool trust labels, near-duplicate detection, and the context
-prefix in the paper's order (base protocol, governance, rules, episodes).
+Episodic memory E (whole cases with summary and guideline), procedural rules S (priority,
+exploration-bonus utility, patch-style edits, near-duplicate escalation) and tool
+governance G (Trusted / Caution / Avoid from helpful / harmful / misuse counts). Pure
+scoring functions first, then `EvoMedAgentMemory`, the stage-facing mechanism.
 """
 
 from __future__ import annotations
 
 import math
 
-from handlers.policies.config import EvoMedAgentPolicy
-from store.event_types import RetrievedEpisode, RetrievedRule, ToolGuidance
-from store.memory_state import Rule, ToolRecord
+import numpy as np
 
-BASE_PROTOCOL = (
-    "You are a clinical reasoning agent. Read the case, weigh the evidence, use tools only "
-    "as their governance label allows, and answer with exactly one option letter."
-)
+from handlers.backbones.base import CaseFailure, records_exchanges
+from handlers.cases import Case
+from handlers.llm.recorder import stage_recorder
+from handlers.policies.base import MemoryPolicy
+from handlers.policies.config import EvoMedAgentPolicy
+from handlers.policies.render import BASE_PROTOCOL, render_prefix  # noqa: F401  (re-exported)
+from store.event_types import (AnswerGiven, EpisodeStored, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded,
+                               RetrievedEpisode, RetrievedRule, RuleAdded, RuleEdited, RuleEditProposal,
+                               RuleOutcome, RulePriorityChanged, RuleRetired, ToolCall, ToolGuidance,
+                               ToolLabelChanged, ToolOutcome)
+from store.llm_events import CaseFailed
+from store.memory_state import Rule, ToolRecord
+from store.projection import MemoryProjection
 
 
 def rule_utility(rule: Rule, total_feedback: int, cfg: EvoMedAgentPolicy) -> float:
@@ -56,23 +64,169 @@ def demoted(priority: int) -> int:
     return min(2, priority + 1)
 
 
-_GUIDANCE_TEXT = {
-    "Trusted": "reliable so far; use its output",
-    "Caution": "mixed or little evidence; corroborate its output",
-    "Avoid": "unreliable; do not call it",
-}
+def tool_outcome(call: ToolCall, gold: str) -> str:
+    """helpful: pointed at the gold option; harmful: asserted a wrong option;
+    misuse: called although governance said Avoid; neutral: returned nothing usable."""
+    if call.label == "Avoid":
+        return "misuse"
+    if call.output is None:
+        return "neutral"
+    return "helpful" if call.output == gold else "harmful"
 
 
-def render_prefix(guidance: list[ToolGuidance], rules: list[RetrievedRule],
-                  episodes: list[RetrievedEpisode]) -> str:
-    parts = ["## Protocol", BASE_PROTOCOL]
-    if guidance:
-        parts.append("## Tool governance")
-        parts += [f"- {g.tool}: {g.label} — {_GUIDANCE_TEXT[g.label]}" for g in guidance]
-    if rules:
-        parts.append("## Procedural rules (priority 0 = most urgent)")
-        parts += [f"- [P{r.priority}] {r.text}" for r in rules]
-    if episodes:
-        parts.append("## Similar past cases")
-        parts += [f"- {e.summary} Guideline: {e.guideline}" for e in episodes]
-    return "\n".join(parts)
+def _r6(x: float) -> float:
+    return round(float(x), 6)
+
+
+def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, query: np.ndarray):
+    """Top rules by Evo-MedAgent's composite score among the nearest `candidate_pool` by cosine.
+
+    Returns (rule, relevance, utility, score) tuples, best first; ties by creation order.
+    """
+    state = proj.state
+    scored = []
+    for label, relevance in proj.rule_index.search(query, cfg.candidate_pool):
+        rule = state.rules[proj.rule_by_label[label]]
+        if case_id in rule.derived_from:  # leakage guard
+            continue
+        utility = rule_utility(rule, state.feedback_count, cfg)
+        scored.append((-selection_score(relevance, utility, rule.priority, cfg), rule.created_seq,
+                       rule, relevance, utility))
+    scored.sort(key=lambda t: (t[0], t[1]))
+    return [(r, rel, u, -neg) for neg, _, r, rel, u in scored[: cfg.top_k_rules]]
+
+
+def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, query: np.ndarray):
+    """Top episodes by cosine, excluding the case's own: (episode, relevance) tuples."""
+    out = []
+    for label, relevance in proj.episode_index.search(query, cfg.top_k_episodes + 1):
+        ep = proj.state.episodes[proj.episode_by_label[label]]
+        if ep.case_id != case_id:  # leakage guard
+            out.append((ep, relevance))
+    return out[: cfg.top_k_episodes]
+
+
+def evo_retrieve(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case: Case, memory_seq: int) -> MemoryRetrieved:
+    state = proj.state
+    query = proj.embed(case.question)
+
+    rules: list[RetrievedRule] = []
+    if cfg.procedural and cfg.top_k_rules and len(proj.rule_index):
+        rules = [RetrievedRule(rule_id=r.rule_id, text=r.text, trigger=r.trigger, priority=r.priority,
+                               relevance=_r6(rel), utility=_r6(u), score=_r6(s))
+                 for r, rel, u, s in select_rules(proj, cfg, case.case_id, query)]
+
+    episodes: list[RetrievedEpisode] = []
+    if cfg.episodic and cfg.top_k_episodes and len(proj.episode_index):
+        episodes = [RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary=ep.summary,
+                                     guideline=ep.guideline, trigger=ep.trigger, relevance=_r6(rel))
+                    for ep, rel in select_episodes(proj, cfg, case.case_id, query)]
+
+    guidance = [ToolGuidance(tool=name, label=state.tools[name].label) for name in sorted(state.tools)]
+    return MemoryRetrieved(memory_seq=memory_seq, rules=rules, episodes=episodes, tool_guidance=guidance,
+                           prefix=render_prefix(guidance, rules, episodes))
+
+
+class EvoMedAgentMemory(MemoryPolicy):
+    config: EvoMedAgentPolicy
+
+    def retrieve(self, ctx, case, memory_seq):
+        return evo_retrieve(ctx.projection, self.config, case, memory_seq)
+
+    def outcomes(self, ctx, case, memory, answer, correct):
+        if not self.writes:
+            return [], []
+        rules = [RuleOutcome(rule_id=r.rule_id, helpful=correct) for r in memory.rules]
+        tools = ([ToolOutcome(tool=c.tool, outcome=tool_outcome(c, case.answer)) for c in answer.tool_calls]
+                 if self.config.governance else [])
+        return rules, tools
+
+    async def reflect(self, ctx, case: Case, memory: MemoryRetrieved, answer: AnswerGiven,
+                      fb: FeedbackRecorded) -> ReflectionRecorded | CaseFailed | None:
+        """The backbone proposes patch-style edits; they become memory events here. Near-duplicates
+        (cosine ≥ 0.85 to an active rule) escalate the existing rule's priority instead of adding a copy."""
+        cfg = self.config
+        if not self.writes:
+            return None
+        extra = ({"recorder": stage_recorder(ctx.writer, case.case_id, "reflect")}
+                 if records_exchanges(ctx.backbone) else {})
+        try:
+            result = await ctx.backbone.reflect(case, memory, answer, fb, **extra)
+        except CaseFailure as exc:  # nothing is written to memory from a reflection that failed
+            failed = CaseFailed(stage="reflect", reason=exc.reason, steps=exc.steps)
+            ctx.writer.emit(failed, case_id=case.case_id)
+            return failed
+        cause = ctx.writer.emit(result, case_id=case.case_id)
+        state = ctx.projection.state
+        if cfg.episodic:
+            trace = [f"{s.kind}: {s.content}" for s in answer.steps]
+            ctx.writer.emit(EpisodeStored(
+                episode_id=f"ep-{state.episodes_added:05d}", case_id=case.case_id, descriptor=case.question,
+                trace=trace, answer=answer.answer, gold=case.answer, correct=fb.correct,
+                summary=result.summary, guideline=result.guideline,
+                trigger=_trigger_of(result, case)), case_id=case.case_id, causation_seq=cause)
+        if cfg.procedural:
+            for edit in result.edits:
+                self._apply_edit(ctx, case, edit, cause)
+        return result
+
+    def _apply_edit(self, ctx, case: Case, edit: RuleEditProposal, cause: int) -> None:
+        state, emit = ctx.projection.state, ctx.writer.emit
+        cid = case.case_id
+        rule = state.rules.get(edit.rule_id) if edit.rule_id else None
+        if edit.op == "add":
+            if not edit.text:
+                return
+            duplicate = self._near_duplicate(ctx, edit.text)
+            if duplicate is not None:
+                if duplicate.priority > 0:
+                    emit(RulePriorityChanged(rule_id=duplicate.rule_id, old=duplicate.priority,
+                                             new=escalated(duplicate.priority), source_case_id=cid,
+                                             reason=f"near-duplicate proposed: {edit.reason}"),
+                         case_id=cid, causation_seq=cause)
+                return
+            emit(RuleAdded(rule_id=f"rule-{state.rules_added:05d}", text=edit.text, trigger=edit.trigger or [],
+                           priority=edit.priority if edit.priority is not None else 1, source_case_id=cid),
+                 case_id=cid, causation_seq=cause)
+        elif rule is None or rule.status != "active":
+            return  # the backbone named a rule that is not (or no longer) in memory: nothing to patch
+        elif edit.op == "edit" and edit.text:
+            emit(RuleEdited(rule_id=rule.rule_id, text=edit.text, trigger=edit.trigger or rule.trigger,
+                            source_case_id=cid, reason=edit.reason), case_id=cid, causation_seq=cause)
+        elif edit.op == "reprioritise" and edit.priority is not None and edit.priority != rule.priority:
+            emit(RulePriorityChanged(rule_id=rule.rule_id, old=rule.priority, new=edit.priority,
+                                     source_case_id=cid, reason=edit.reason), case_id=cid, causation_seq=cause)
+        elif edit.op == "retire":
+            emit(RuleRetired(rule_id=rule.rule_id, source_case_id=cid, reason=edit.reason),
+                 case_id=cid, causation_seq=cause)
+
+    def _near_duplicate(self, ctx, text: str) -> Rule | None:
+        proj = ctx.projection
+        if not len(proj.rule_index):
+            return None
+        hits = proj.rule_index.search(proj.embed(text), 1)
+        if hits and hits[0][1] >= self.config.duplicate_cosine:
+            return proj.state.rules[proj.rule_by_label[hits[0][0]]]
+        return None
+
+    async def govern(self, ctx, case, index, fb) -> None:
+        """Relabel tools from their records."""
+        if not (self.writes and self.config.governance):
+            return
+        state = ctx.projection.state
+        for name in sorted(state.tools):
+            rec = state.tools[name]
+            new = tool_label(rec, self.config)
+            if new != rec.label:
+                ctx.writer.emit(ToolLabelChanged(tool=name, old=rec.label, new=new, n=rec.total,
+                                                 helpful=rec.helpful, harmful=rec.harmful, misuse=rec.misuse),
+                                case_id=case.case_id)
+
+
+def _trigger_of(result: ReflectionRecorded, case: Case) -> list[str]:
+    added = next((e.trigger for e in result.edits if e.trigger), None)
+    if added is not None:
+        return list(added)
+    from handlers.text import key_terms
+
+    return key_terms(case.question)

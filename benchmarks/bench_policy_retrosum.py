@@ -1,0 +1,176 @@
+"""RetroSum's per-case memory overhead with a large experience bank (DESIGN §9).
+
+    python benchmarks/bench_policy_retrosum.py [--experiences 10000] [--cases 200] [--json]
+
+Per-case cost of everything but model calls — the five stages with the sim backbone (its
+lesson writer is the offline one), retrieval from the bank, the experience event and its
+fold, the commit — with a warm embedding cache, p50/p90. Like benchmarks/bench_core.py the
+bank is synthetic: --experiences `experience.stored` events appended directly to the log,
+their patient contexts given seeded random unit vectors in the embedding cache (so, in
+384 dimensions, they sit near cosine 0 from every real case and are never retrieved: the
+cost measured is the search over them). The real example cases then run on top, storing and
+retrieving their own experiences. Also: retrieval alone (search + threshold + guard + items +
+prefix) against a raw hnswlib query on the same vectors, and rebuilding the bank from the log.
+The per-case time includes the case's commit to DuckDB; `commit_ms` reports that part alone
+(it is the same for every policy) and `per_case_without_commit_ms` the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from handlers.cases import load_cases  # noqa: E402
+from handlers.pipeline import process_case  # noqa: E402
+from handlers.policies.retrosum.config import RetroSumPolicy  # noqa: E402
+from handlers.policies.retrosum.policy import RetroSumMemory  # noqa: E402
+from handlers.runs import RunSpec, open_run  # noqa: E402
+from store.embeddings import EmbeddingCache, shared_minilm  # noqa: E402
+from store.eventstore import EventStore  # noqa: E402
+from store.events import NewEvent  # noqa: E402
+from store.experience_events import ExperienceStored, Lesson  # noqa: E402
+from store.projection import rebuild  # noqa: E402
+
+VOCAB = ("fever cough dyspnea chest pain syncope rash headache vomiting confusion tachycardia hypotension "
+         "wheeze edema jaundice hematuria seizure weakness numbness pallor cyanosis murmur effusion "
+         "consolidation nodule cavitation infiltrate pneumothorax cardiomegaly atelectasis").split()
+
+
+def synthetic_bank(n: int, rng: np.random.Generator) -> tuple[list[NewEvent], dict[str, np.ndarray]]:
+    events, vectors = [], {}
+    for i in range(n):
+        words = [VOCAB[j] for j in rng.choice(len(VOCAB), 6, replace=False)]
+        context = f"Synthetic patient {i} presents with {', '.join(words)}."
+        vec = rng.standard_normal(384).astype(np.float32)
+        vectors[context] = vec / np.linalg.norm(vec)
+        events.append(NewEvent(ExperienceStored(
+            experience_id=f"exp-syn-{i:05d}", source_case_id=f"syn-{i}", context=context,
+            actor_lessons=[Lesson(text=f"When the presentation includes {', '.join(words)}: favour 'option {i}'.",
+                                  trigger=words)],
+            summariser_lessons=[Lesson(text=f"Keep these findings verbatim: {', '.join(words[:3])}.")],
+            answer="A", gold="A", correct=True), f"syn-{i}"))
+    return events, vectors
+
+
+def seed_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCache, events: list[NewEvent]) -> None:
+    store.append(run_id, [NewEvent(spec.started_event(cache.embedder.name))], -1)
+    seq = 0
+    for i in range(0, len(events), 1000):
+        batch = events[i:i + 1000]
+        store.append(run_id, batch, seq)
+        seq += len(batch)
+
+
+def _ms(values: list[float]) -> dict:
+    ms = sorted(x * 1000 for x in values)
+    return {"p50": round(statistics.median(ms), 3), "p90": round(ms[int(0.9 * len(ms))], 3),
+            "mean": round(statistics.fmean(ms), 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--experiences", type=int, default=10_000)
+    ap.add_argument("--cases", type=int, default=200)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    out: dict = {"experiences": args.experiences, "cases": args.cases, "backbone": "sim"}
+    store = EventStore(Path(tempfile.mkdtemp(prefix="gr-bench-retrosum-")) / "bench.duckdb")
+    cache = EmbeddingCache(shared_minilm(), store.conn)
+    spec = RunSpec(policy=RetroSumPolicy(), seed=0)
+    events, vectors = synthetic_bank(args.experiences, rng)
+    for text, vec in vectors.items():
+        cache.put(text, vec)
+
+    base = load_cases(ROOT / "examples" / "cases.jsonl")[0]
+    cases = [c.model_copy(update={"case_id": f"{c.case_id}-{k}"})
+             for k in range((args.cases + len(base) - 1) // len(base)) for c in base][: args.cases]
+
+    def run_cases(run_id: str) -> tuple[list[float], list[float]]:
+        """Per-case wall time, and the part of it spent committing the case's events (DuckDB)."""
+        ctx, _ = open_run(store, run_id, spec, cache)
+        times, commits = [], []
+
+        async def flush(stage: str) -> None:
+            if stage == "govern":
+                t0 = time.perf_counter()
+                ctx.writer.flush()
+                commits.append(time.perf_counter() - t0)
+
+        async def go():
+            for i, case in enumerate(cases):
+                t0 = time.perf_counter()
+                await process_case(ctx, case, i, on_stage=flush)
+                times.append(time.perf_counter() - t0)
+
+        asyncio.run(go())
+        return times, commits
+
+    seed_run(store, "warm", spec, cache, events)
+    seed_run(store, "measure", spec, cache, events)
+    run_cases("warm")  # embeds every text these cases produce (their patient contexts)
+    cache.flush()
+    misses = cache.misses
+    times, commits = run_cases("measure")
+    out["per_case_ms"] = _ms(times)
+    out["per_case_ms"]["embedding_misses"] = cache.misses - misses
+    out["commit_ms"] = _ms(commits)  # included in per_case_ms: the log append, policy-independent
+    out["per_case_without_commit_ms"] = _ms([t - c for t, c in zip(times, commits)])
+
+    # --- retrieval vs raw hnswlib, on the bank as the measured run left it ------------------
+    ctx, _ = open_run(store, "measure", spec, cache)
+    part = ctx.projection.state.policy_memory
+    out["bank_size"] = len(part)
+    out["uses_hnsw"] = part.index.uses_hnsw
+    mech = RetroSumMemory(spec.policy)
+    queries = [cache.get(c.question.strip()) for c in base]
+    reps = 5
+    if part.index.uses_hnsw:
+        t = time.perf_counter()
+        for _ in range(reps):
+            for q in queries:
+                part.index._hnsw.knn_query(q.reshape(1, -1), k=2, num_threads=1)
+        raw = (time.perf_counter() - t) / (reps * len(queries))
+    else:
+        raw = float("nan")
+    t = time.perf_counter()
+    for _ in range(reps):
+        for c in base:
+            mech.retrieve(ctx, c, ctx.projection.seq)
+    full = (time.perf_counter() - t) / (reps * len(base))
+    out["retrieval_ms"] = {"raw_hnswlib_k2": round(raw * 1000, 4), "retrieve_stage": round(full * 1000, 4),
+                           "ratio": round(full / raw, 2) if raw == raw else None,
+                           "note": "retrieve = embed (cache) + search + exact rescoring + threshold + leakage "
+                                   "guard + items + prefix rendering"}
+
+    t = time.perf_counter()
+    rebuilt = rebuild(store, "measure", cache)
+    out["rebuild_s"] = round(time.perf_counter() - t, 3)
+    out["rebuild_events"] = rebuilt.seq + 1
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    out["target"] = "per-case p50 <= 10 ms (DESIGN §9)"
+    store.close()
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k:16} {v}")
+
+
+if __name__ == "__main__":
+    from store.vector_index import single_threaded_blas
+
+    with single_threaded_blas():  # as `grandrounds run` does
+        main()

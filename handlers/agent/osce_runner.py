@@ -1,0 +1,100 @@
+"""Running AgentClinic OSCE cases end to end: dialogue, grading, per-case results and metrics.
+
+With a gateway (openai / record) the doctor, the patient and the judge are model calls, recorded
+through the run log under the case id (stages `act` for the doctor, `patient`, `judge`); without
+one (sim) the sim doctor, the rule-based patient and the string-match grader run offline. The
+measurement tool is the same in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from handlers.agent.osce_dialogue import DialogueResult, LLMDoctor, SimDoctor, run_osce_dialogue
+from handlers.environments.agentclinic_osce import LLMPatient, MeasurementTool, OsceCase, RulePatient
+from handlers.environments.osce_grading import Judgement, judge
+from handlers.llm.runlog import RunLog
+from replay.task_metrics import TaskRecord, er, osr, sr, tc, tokens_per_correct
+
+
+@dataclass(frozen=True)
+class OsceResult:
+    case_id: str
+    status: str
+    """diagnosed, no_diagnosis (turn budget spent) or failed (a model was unreachable)."""
+    diagnosis: str | None
+    correct_diagnosis: str
+    correct: bool
+    judge: str
+    """llm or string-match."""
+    judge_reason: str
+    turns: int
+    questions: int
+    tests_requested: list[str]
+    tokens: int
+    doctor_tokens: int
+    error: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+async def run_osce_case(case: OsceCase, max_turns: int, gateway=None, log: RunLog | None = None,
+                        differential: list[str] | None = None,
+                        memory_prefix: str = "") -> tuple[OsceResult, DialogueResult]:
+    measurement = MeasurementTool(case)
+    if gateway is None:
+        # NEJM cases carry their five answers: the sim chooses among them, as the sim backbone does
+        # with MCQ options; MedQA cases have none, so it uses the file's diagnosis vocabulary.
+        doctor = SimDoctor(list(case.options) or differential or [], case.test_menu, memory_prefix)
+        patient = RulePatient(case)
+    else:
+        doctor = LLMDoctor(gateway, log.recorder(case.case_id, "act"), memory_prefix)
+        patient = LLMPatient(case, gateway, log.recorder(case.case_id, "patient"))
+    dialogue = await run_osce_dialogue(case.view(), doctor, patient, measurement, max_turns)
+    if dialogue.status == "diagnosed":
+        verdict = await judge(dialogue.diagnosis, case.correct_diagnosis, gateway,
+                              log.recorder(case.case_id, "judge") if log else None)
+    else:
+        verdict = Judgement(False, "string-match", dialogue.error or "no diagnosis")
+    result = OsceResult(
+        case_id=case.case_id, status=dialogue.status, diagnosis=dialogue.diagnosis,
+        correct_diagnosis=case.correct_diagnosis, correct=verdict.correct, judge=verdict.method,
+        judge_reason=verdict.reason, turns=len(dialogue.turns), questions=dialogue.questions,
+        tests_requested=dialogue.tests_requested,
+        tokens=log.case_tokens(case.case_id) if log else 0,
+        doctor_tokens=log.case_tokens(case.case_id, ("act",)) if log else 0, error=dialogue.error)
+    return result, dialogue
+
+
+async def run_osce_cases(cases: list[OsceCase], max_turns: int, gateway=None, log: RunLog | None = None,
+                         differential: list[str] | None = None,
+                         on_case: Callable[[OsceResult], None] | None = None) -> list[OsceResult]:
+    """Strictly in order, one case at a time (so recorded exchanges replay in the same order)."""
+    out = []
+    for case in cases:
+        result, _ = await run_osce_case(case, max_turns, gateway, log, differential)
+        out.append(result)
+        if on_case is not None:
+            on_case(result)
+    return out
+
+
+def osce_metrics(results: list[OsceResult], with_tokens: bool) -> dict:
+    """SELSM §2.5 quantities over the cases (replay/task_metrics.py): completion = a diagnosis was
+    given; turns = doctor turns; tool calls = tests requested; timeout = no diagnosis within the
+    budget; invalid = a model was unreachable. T_min is 1 (a diagnosis on the first turn)."""
+    records = [TaskRecord(case_id=r.case_id, task_class=None, completed=r.status == "diagnosed",
+                          success=r.status == "diagnosed" and r.correct, turns=r.turns,
+                          tool_calls=len(r.tests_requested), timeout=r.status == "no_diagnosis",
+                          invalid=r.status == "failed", fallback=False, tokens=r.tokens, act_tokens=r.doctor_tokens)
+               for r in results]
+    n = len(records) or 1
+    return {"tc": tc(records), "sr": sr(records), "osr": osr(records), "er": er(records),
+            "tokens_per_correct_task": tokens_per_correct(records) if with_tokens else None,
+            "doctor_tokens_per_correct_task": tokens_per_correct(records, act_only=True) if with_tokens else None,
+            "avg_turns": round(sum(r.turns for r in records) / n, 3),
+            "avg_tests": round(sum(r.tool_calls for r in records) / n, 3),
+            "judged_by_llm": sum(r.judge == "llm" for r in results),
+            "judged_by_string_match": sum(r.judge == "string-match" for r in results)}

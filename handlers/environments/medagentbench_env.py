@@ -1,0 +1,122 @@
+"""The MedAgentBench environment of a `grandrounds run`: FHIR tools per case, and refsol grading
+from the recorded answer.
+
+Built from an `EnvironmentRecord` (funcs_v1.json, and the patient snapshot for the local sandbox or
+a real server's `fhir_base`). `open_environment` starts the sandbox for the run and stops it after.
+
+The sandbox listens on a free port, so its real base changes from run to run. The agent is shown the
+official base (`http://localhost:8080/fhir/`, as `grandrounds medagentbench` does) and every call it
+makes is recorded in `answer.given` at that public base; feedback rebuilds the trajectory from those
+steps and maps it back to the real base to grade. So the events of a run are the same bytes whatever
+port the sandbox got, and grading reads only what the log holds (a case resumed after act grades the
+same).
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from typing import Iterator
+
+from handlers.cases import FhirCase
+from handlers.environments.base import EnvironmentRecord
+from handlers.environments.fhir_sandbox import FhirSandbox
+from handlers.environments.medagentbench import (FhirCall, FhirFunction, FhirTools, FhirTrajectory, NeedsFullServer,
+                                                 grade, load_functions, needs_full_server)
+from store.event_types import AgentStep, AnswerGiven
+
+OFFICIAL_BASE = "http://localhost:8080/fhir/"
+"""The official harness's default api_base: the base the agent sees when the sandbox serves."""
+
+
+class TrajectoryMismatch(RuntimeError):
+    """The agent's tool steps and the calls the tools executed do not pair up (a bug in an agent loop)."""
+
+
+class MedAgentBenchEnvironment:
+    name = "medagentbench"
+
+    def __init__(self, record: EnvironmentRecord, functions: list[FhirFunction], base: str):
+        self.record = record
+        self.functions = functions
+        self.base = base if base.endswith("/") else base + "/"
+        """Where requests go: the sandbox's address on this machine, or the real server."""
+        self.full_server = record.fhir_base is not None
+        self.public_base = (record.fhir_base or OFFICIAL_BASE).rstrip("/") + "/"
+        """What the agent sees and the log records."""
+
+    # -- act ----------------------------------------------------------------------------------
+
+    def tools_for(self, case: FhirCase) -> FhirTools:
+        # The sandbox takes POSTs (and answers 201); a real server is only read, as the benchmark does.
+        return FhirTools(self.functions, self.base, send_posts=not self.full_server, public_base=self.public_base)
+
+    def public(self, text: str) -> str:
+        return text.replace(self.base, self.public_base) if self.base != self.public_base else text
+
+    def real(self, url: str) -> str:
+        return self.base + url[len(self.public_base):] if url.startswith(self.public_base) else url
+
+    def call_record(self, call: FhirCall, name: str | None) -> str:
+        """One executed call as a `tool` step: canonical JSON at the public base."""
+        data: dict = {"method": call.method, "url": self.public(call.url), "accepted": call.accepted}
+        if name:
+            data["name"] = name
+        if call.method == "POST":
+            data["payload"] = call.payload
+        return json.dumps(data, sort_keys=True)
+
+    def recorded_steps(self, steps: list[AgentStep], tools: FhirTools) -> list[AgentStep]:
+        """Pair the i-th `tool` step with the i-th executed call (each tool turn executes exactly one)."""
+        calls = tools.trajectory.calls
+        n_tool = sum(s.kind == "tool" for s in steps)
+        if n_tool != len(calls):
+            raise TrajectoryMismatch(f"{n_tool} tool steps but {len(calls)} FHIR calls executed")
+        out, i = [], 0
+        for s in steps:
+            if s.kind == "tool":
+                try:
+                    name = json.loads(s.content).get("name")
+                except (json.JSONDecodeError, AttributeError):
+                    name = None
+                out.append(AgentStep(kind="tool", content=self.call_record(calls[i], name)))
+                i += 1
+            else:
+                out.append(AgentStep(kind=s.kind, content=self.public(s.content)))
+        return out
+
+    # -- feedback -----------------------------------------------------------------------------
+
+    def trajectory_of(self, answer: AnswerGiven) -> FhirTrajectory:
+        """The trajectory as grading needs it, rebuilt from the recorded steps (at the real base)."""
+        t = FhirTrajectory(result=answer.answer)
+        for s in answer.steps:
+            if s.kind != "tool":
+                continue
+            c = json.loads(s.content)
+            t.calls.append(FhirCall(c["method"], self.real(c["url"]), c.get("payload"), bool(c["accepted"])))
+        return t
+
+    def grade(self, case: FhirCase, answer: AnswerGiven) -> tuple[bool, str]:
+        """(correct, gold) by the official refsol rules; gold names the reference and the verdict's reason."""
+        if needs_full_server(case) and not self.full_server:
+            raise NeedsFullServer(f"{case.case_id}: task type {case.task_type} is graded against the real "
+                                  "MedAgentBench server only (--fhir-base)")
+        g = grade(case, self.trajectory_of(answer), self.base, full_server=self.full_server)
+        return g.correct, f"{case.answer}: {self.public(g.reason)}"
+
+
+def build(record: EnvironmentRecord, base: str) -> MedAgentBenchEnvironment:
+    return MedAgentBenchEnvironment(record, load_functions(record.funcs.path), base)
+
+
+@contextmanager
+def open_environment(record: EnvironmentRecord) -> Iterator[MedAgentBenchEnvironment]:
+    """The environment for one run: the sandbox is started here and stopped on the way out."""
+    if record.fhir_base is not None:
+        yield build(record, record.fhir_base)
+        return
+    if record.patients is None:
+        raise ValueError("the local sandbox needs the patient snapshot (--patients)")
+    with FhirSandbox.from_file(record.patients.path) as sandbox:
+        yield build(record, sandbox.base)

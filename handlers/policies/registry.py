@@ -1,0 +1,44 @@
+"""Which config class and which mechanism implement each policy name.
+
+Lazy (module paths, imported on first use) so that reading a log of one policy never
+imports the others' dependencies, and so that adding a policy is one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from typing import Any
+
+_POLICIES: dict[str, tuple[str, str]] = {
+    # name: (config class, mechanism class)
+    "evo-medagent": ("handlers.policies.config:EvoMedAgentPolicy", "handlers.policies.evo_medagent:EvoMedAgentMemory"),
+    "none": ("handlers.policies.config:NoMemoryPolicy", "handlers.policies.base:NoMemory"),
+    "skemex": ("handlers.policies.skemex.config:SkeMexPolicy", "handlers.policies.skemex.policy:SkeMexMemory"),
+    "selsm": ("handlers.policies.selsm.config:SelsmPolicy", "handlers.policies.selsm.policy:SelsmMemory"),
+    "retrosum": ("handlers.policies.retrosum.config:RetroSumPolicy",
+                 "handlers.policies.retrosum.policy:RetroSumMemory"),
+}
+
+
+def known_policies() -> list[str]:
+    return list(_POLICIES)
+
+
+@cache
+def _load(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def config_class(name: str) -> type:
+    return _load(_POLICIES[name][0])
+
+
+def mechanism_class(name: str) -> type:
+    return _load(_POLICIES[name][1])
+
+
+def make_mechanism(config: Any) -> Any:
+    """The stage-facing implementation (a `handlers.policies.base.MemoryPolicy`) of a config."""
+    return mechanism_class(config.name)(config)

@@ -1,0 +1,52 @@
+"""RetroSum's experience bank: parameters (seed 002; DESIGN §6).
+
+The retrospective summariser itself is part of the agent loop (handlers/agent/retrosum.py):
+its window w = 10 is the agent's `summary_every` (`grandrounds run --summary-every`), not a
+policy field, because it applies to every policy run with a model backbone. What this
+config holds is the experience bank: what is learnt after each case and how it is retrieved.
+Where the paper is silent we use the published code's value (BlueZeros/AgentEHR,
+`MCPRetroSumAgent` / `RetroSumEvolving`), and say so per field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from handlers.policies.config import PolicyBase
+
+
+class RetroSumPolicy(PolicyBase):
+    """RetroSum (AgentEHR): an experience bank of actor and summariser lessons keyed by patient context."""
+
+    name: Literal["retrosum"] = "retrosum"
+    writing: bool = True
+    """Distil and store an experience after each case (false: frozen bank).
+    Offline test mode and the w/o-writing ablation set it false."""
+    actor_lessons: bool = True
+    """Show the retrieved experience's actor lessons to the actor.
+    The published code's `memory_inject` = both / actor."""
+    summariser_lessons: bool = True
+    """Show the retrieved experience's summariser lessons to the retrospective summariser.
+    The published code's `memory_inject` = both / summarizer."""
+    top_k: int = Field(1, ge=0)
+    """Experiences retrieved per case: the paper's "most similar memory" (top_k_retrieval = 1)."""
+    min_similarity: float = Field(0.5, ge=-1.0, le=1.0)
+    """Cosine between patient contexts below which nothing is retrieved (similarity_threshold = 0.5)."""
+    max_actor_lessons: int = Field(10, ge=0)
+    """At most this many actor lessons kept per experience (published code's max_memory_items).
+    The paper gives no number; the published code caps each lesson list at 10."""
+    max_summariser_lessons: int = Field(10, ge=0)
+    """At most this many summariser lessons per experience (same cap, same source)."""
+    learn_from_failures: bool = True
+    """Distil lessons from wrong answers too (the published code's `extract_from_failures` = True)."""
+
+    ablations: ClassVar[dict[str, dict[str, Any]]] = {
+        "no-writing": {"writing": False},
+        # The paper's "RetroSum" row against "RetroSum (evolved)": retrospective summarisation
+        # without the experience bank (published script retrosum_wo_memory).
+        "no-experience": {"writing": False, "actor_lessons": False, "summariser_lessons": False},
+        "no-actor-lessons": {"actor_lessons": False},
+        "no-summariser-lessons": {"summariser_lessons": False},
+    }

@@ -1,0 +1,1 @@
+"""SELSM: State-Enhanced Logical-Skill Memory (seed 000; DESIGN §6)."""

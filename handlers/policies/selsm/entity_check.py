@@ -1,0 +1,126 @@
+"""The entity-agnostic check on distilled skills (seed 000 §2.2.2, "Abstraction Protocol").
+
+The paper asks the judge, in its prompt, not to copy patient identifiers, endpoint URLs or
+instance values into skills. A prompt is a request, not a guarantee, so every skill passes
+this checker before it can be stored; a skill that fails is recorded as
+`selsm.skill.rejected` and dropped. The checker errs towards rejecting: a lost skill costs a
+little recall, a stored identifier pollutes every later retrieval that matches it.
+
+Categories: identifiers (MRNs, patient/encounter ids, FHIR resource references, UUIDs),
+person names (honorific + name, "named X", common first name + surname), URLs and hosts,
+calendar dates and timestamps, and instance numbers (long digit strings, and numbers that
+appear verbatim in the instance the skill was distilled from).
+"""
+
+from __future__ import annotations
+
+import re
+
+from store.selsm_events import EntityViolation, LogicalSkill
+
+_MONTHS = (r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|jun(?:e)?|jul(?:y)?|aug(?:ust)?|"
+           r"sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)")
+
+_FHIR_RESOURCES = ("Patient|Observation|MedicationRequest|ServiceRequest|Encounter|Condition|Procedure|"
+                   "Practitioner|Organization|DiagnosticReport|AllergyIntolerance|Immunization|Appointment")
+
+_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("url", re.compile(r"\b(?:https?|ftp)://\S+", re.I)),
+    ("url", re.compile(r"\bwww\.\S+", re.I)),
+    ("url", re.compile(r"\b(?:localhost|\d{1,3}(?:\.\d{1,3}){3})(?::\d+)?(?:/\S*)?", re.I)),
+    ("url", re.compile(r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|gov|edu|io|nhs\.uk|health)(?:/\S*)?\b", re.I)),
+    ("identifier", re.compile(r"\b(?:" + _FHIR_RESOURCES + r")/[A-Za-z0-9.\-]+")),
+    ("identifier", re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I)),
+    ("identifier", re.compile(r"\bMRN\b\s*[:#=]?\s*[A-Za-z]*\d[\w-]*", re.I)),
+    # MedAgentBench-style MRNs (S6534835) and other letter-prefixed record numbers.
+    ("identifier", re.compile(r"\b[A-Z]{1,3}\d{5,}\b")),
+    ("identifier", re.compile(r"\b(?:patient|subject|encounter|order|record|visit|account|specimen|case)"
+                              r"[ _-]?(?:id|identifier|no\.?|number|#)\s*[:=#]?\s*[A-Za-z]*\d[\w-]*", re.I)),
+    ("name", re.compile(r"\b(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof)\.?\s+[A-Z][a-z'-]+")),
+    ("name", re.compile(r"\b(?:named|called|name\s*[:=]|name is)\s+[A-Z][a-z'-]+")),
+    ("date", re.compile(r"\b\d{4}-\d{1,2}-\d{1,2}(?:[T ]\d{1,2}:\d{2}(?::\d{2})?\S*)?")),
+    ("date", re.compile(r"\b\d{1,2}[/.]\d{1,2}[/.]\d{2,4}\b")),
+    ("date", re.compile(r"\b" + _MONTHS + r"\.?\s+\d{1,2}(?:st|nd|rd|th)?(?:,?\s+\d{4})?\b", re.I)),
+    ("date", re.compile(r"\b\d{1,2}(?:st|nd|rd|th)?\s+(?:of\s+)?" + _MONTHS + r"\.?(?:,?\s+\d{4})?\b", re.I)),
+    ("date", re.compile(r"\b" + _MONTHS + r"\.?\s+\d{4}\b", re.I)),
+    ("instance-number", re.compile(r"(?<![\w.])\d(?:[\d,]*\d)?(?![\w])")),  # filtered below
+]
+
+_FIRST_NAMES = frozenset("""
+james john robert michael william david richard joseph thomas charles christopher daniel matthew anthony
+mark donald steven paul andrew joshua kenneth kevin brian george timothy ronald edward jason jeffrey ryan
+jacob gary nicholas eric jonathan stephen larry justin scott brandon benjamin samuel gregory alexander
+frank patrick raymond jack dennis jerry tyler aaron jose adam nathan henry douglas zachary peter kyle
+mary patricia jennifer linda elizabeth barbara susan jessica sarah karen lisa nancy betty margaret sandra
+ashley kimberly emily donna michelle carol amanda dorothy melissa deborah stephanie rebecca sharon laura
+cynthia kathleen amy angela shirley anna brenda pamela emma nicole helen samantha katherine christine
+debra rachel carolyn janet catherine maria heather diane ruth julie olivia joyce virginia victoria kelly
+lauren christina joan evelyn judith megan andrea cheryl hannah jacqueline martha gloria teresa ann sara
+madison frances kathryn janice jean abigail alice judy sophia grace denise amber doris marilyn danielle
+beverly isabella theresa diana natalie brittany charlotte marie kayla alexis lori maria mohammed ahmed
+wei li chen juan carlos luis miguel jorge ana sofia lucia fatima aisha priya raj
+""".split())
+
+_CAPITALISED_PAIR = re.compile(r"\b([A-Z][a-z]+)\s+([A-Z][a-z'-]+)\b")
+
+LONG_DIGITS = 5
+"""A digit string this long (or longer) is an instance number whatever its context."""
+
+
+def _numbers_in(text: str) -> set[str]:
+    return {m.replace(",", "") for m in re.findall(r"(?<![\w.])\d(?:[\d,]*\d)?(?:\.\d+)?", text)}
+
+
+def find_entities(text: str, instance_text: str = "", allowed_text: str = "",
+                  instance_numbers: set[str] | None = None) -> list[EntityViolation]:
+    """Entity spans in `text`, in order of appearance (each span reported once).
+
+    `instance_text` is the raw instance the text was distilled from (question, observations):
+    a number of two or more digits copied from it is an instance value. `allowed_text` holds
+    texts a skill may legitimately quote (the option texts it maps to): numbers and eponyms in
+    it pass. `instance_numbers`: that set, when the caller already computed it.
+    """
+    if instance_numbers is None:
+        instance_numbers = _numbers_in(instance_text) - _numbers_in(allowed_text)
+    found: list[tuple[int, str, str]] = []
+    taken: list[tuple[int, int]] = []
+
+    def overlaps(a: int, b: int) -> bool:
+        return any(a < e and s < b for s, e in taken)
+
+    for category, pattern in _PATTERNS:
+        for m in pattern.finditer(text):
+            span = m.group(0).rstrip(".,;:)")
+            if not span or overlaps(m.start(), m.start() + len(span)):
+                continue
+            if category == "instance-number":
+                digits = span.replace(",", "")
+                if not (len(digits) >= LONG_DIGITS or (len(digits) >= 2 and digits in instance_numbers)):
+                    continue
+            found.append((m.start(), category, span))
+            taken.append((m.start(), m.start() + len(span)))
+    allowed_low = allowed_text.lower()
+    for m in _CAPITALISED_PAIR.finditer(text):
+        # Eponyms the options themselves use ("Charles Bonnet syndrome") are clinical terms, not people.
+        if (m.group(1).lower() in _FIRST_NAMES and not overlaps(m.start(), m.end())
+                and m.group(0).lower() not in allowed_low):
+            found.append((m.start(), "name", m.group(0)))
+            taken.append((m.start(), m.end()))
+    out: list[EntityViolation] = []
+    for _, c, span in sorted(found):
+        v = EntityViolation(category=c, match=span)
+        if v not in out:
+            out.append(v)
+    return out
+
+
+FIELD_BREAK = " | "
+"""Joins a skill's parts for one scan; no pattern matches across it (none spans a `|`)."""
+
+
+def check_skill(skill: LogicalSkill, instance_text: str = "", allowed_text: str = "") -> list[EntityViolation]:
+    """Violations of the abstraction protocol anywhere in the skill (all four parts and the trigger)."""
+    text = FIELD_BREAK.join([skill.category, skill.scenario, skill.logic, skill.example, skill.avoidance,
+                             " ".join(skill.trigger)])
+    return find_entities(text, allowed_text=allowed_text,
+                         instance_numbers=_numbers_in(instance_text) - _numbers_in(allowed_text))

@@ -1,0 +1,43 @@
+"""The memory of policies other than Evo-MedAgent, as projection parts.
+
+A part is the fold of one policy's events plus its vector indexes (`SkillMemory`,
+`SelsmMemory`, `ExperienceMemory`). The projection creates the part named by the run's
+policy when it sees `run.started`, feeds it every event after the common fold, and pickles
+it with the checkpoint. Parts are looked up lazily so that a log of one policy never
+imports another's code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from store.events import EventPayload
+
+Embed = Callable[[str], np.ndarray]
+
+_PARTS: dict[str, str] = {
+    "skemex": "store.skill_memory:SkillMemory",
+    "selsm": "store.selsm_memory:SelsmMemory",
+    "retrosum": "store.experience_memory:ExperienceMemory",
+}
+
+
+class PolicyMemory(Protocol):
+    def apply(self, seq: int, payload: EventPayload, embed: Embed) -> None:
+        """Fold one event (every event of the run arrives here, in seq order)."""
+        ...
+
+    def counts(self) -> dict[str, Any]:
+        """Memory counts for run summaries (merged into `memory` of the run summary)."""
+        ...
+
+
+def part_for(policy_name: str, dim: int, exact_limit: int) -> PolicyMemory | None:
+    path = _PARTS.get(policy_name)
+    if path is None:
+        return None
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)(dim, exact_limit)
