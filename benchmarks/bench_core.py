@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import ms_summary, peak_rss_mb, seed_run  # noqa: E402
 
 from handlers.cases import load_cases  # noqa: E402
 from handlers.pipeline import process_case  # noqa: E402
@@ -63,18 +64,6 @@ def synthetic_memory(n_items: int, rng: np.random.Generator) -> tuple[list[NewEv
                 trigger=words), f"syn-{i}"))
         vectors[text] = vec
     return events, vectors
-
-
-def seed_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCache, events: list[NewEvent]) -> float:
-    started = spec.started_event(cache.embedder.name)
-    store.append(run_id, [NewEvent(started)], -1)
-    t = time.perf_counter()
-    seq = 0
-    for i in range(0, len(events), 1000):  # stage-sized batches would be smaller; this is bulk load
-        batch = events[i:i + 1000]
-        store.append(run_id, batch, seq)
-        seq += len(batch)
-    return len(events) / (time.perf_counter() - t)
 
 
 def main() -> None:
@@ -184,7 +173,7 @@ def main() -> None:
     opened = open_projection(store, "measure", cache)
     out["checkpoint_restart_s"] = round(time.perf_counter() - t, 3)
     assert opened.how == "checkpoint" and opened.projection.state == rebuilt.state
-    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    out["peak_rss_mb"] = peak_rss_mb()
     store.close()
 
     if args.json:

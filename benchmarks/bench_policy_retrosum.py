@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +29,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import ms_summary, peak_rss_mb, seed_run  # noqa: E402
 
 from handlers.cases import load_cases  # noqa: E402
 from handlers.pipeline import process_case  # noqa: E402
@@ -62,21 +62,6 @@ def synthetic_bank(n: int, rng: np.random.Generator) -> tuple[list[NewEvent], di
             summariser_lessons=[Lesson(text=f"Keep these findings verbatim: {', '.join(words[:3])}.")],
             answer="A", gold="A", correct=True), f"syn-{i}"))
     return events, vectors
-
-
-def seed_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCache, events: list[NewEvent]) -> None:
-    store.append(run_id, [NewEvent(spec.started_event(cache.embedder.name))], -1)
-    seq = 0
-    for i in range(0, len(events), 1000):
-        batch = events[i:i + 1000]
-        store.append(run_id, batch, seq)
-        seq += len(batch)
-
-
-def _ms(values: list[float]) -> dict:
-    ms = sorted(x * 1000 for x in values)
-    return {"p50": round(statistics.median(ms), 3), "p90": round(ms[int(0.9 * len(ms))], 3),
-            "mean": round(statistics.fmean(ms), 3)}
 
 
 def main() -> None:
@@ -124,10 +109,10 @@ def main() -> None:
     cache.flush()
     misses = cache.misses
     times, commits = run_cases("measure")
-    out["per_case_ms"] = _ms(times)
+    out["per_case_ms"] = ms_summary(times)
     out["per_case_ms"]["embedding_misses"] = cache.misses - misses
-    out["commit_ms"] = _ms(commits)  # included in per_case_ms: the log append, policy-independent
-    out["per_case_without_commit_ms"] = _ms([t - c for t, c in zip(times, commits)])
+    out["commit_ms"] = ms_summary(commits)  # included in per_case_ms: the log append, policy-independent
+    out["per_case_without_commit_ms"] = ms_summary([t - c for t, c in zip(times, commits)])
 
     # --- retrieval vs raw hnswlib, on the bank as the measured run left it ------------------
     ctx, _ = open_run(store, "measure", spec, cache)
@@ -159,7 +144,7 @@ def main() -> None:
     rebuilt = rebuild(store, "measure", cache)
     out["rebuild_s"] = round(time.perf_counter() - t, 3)
     out["rebuild_events"] = rebuilt.seq + 1
-    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    out["peak_rss_mb"] = peak_rss_mb()
     out["target"] = "per-case p50 <= 10 ms (DESIGN §9)"
     store.close()
     if args.json:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import ms_summary, peak_rss_mb, seed_run  # noqa: E402
 
 from handlers.cases import load_cases  # noqa: E402
 from handlers.pipeline import process_case  # noqa: E402
@@ -73,14 +74,6 @@ def synthetic_records(n: int, per_record: int) -> list[NewEvent]:
         events.append(NewEvent(RecordStored(record_id=f"rec-syn-{i}", source_case_id=f"syn-{i}", query=query,
                                             transitions=transitions), f"syn-{i}"))
     return events
-
-
-def seed_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCache, events: list[NewEvent]) -> None:
-    store.append(run_id, [NewEvent(spec.started_event(cache.embedder.name))], -1)
-    seq = 0
-    for i in range(0, len(events), 1000):
-        store.append(run_id, events[i:i + 1000], seq)
-        seq += len(events[i:i + 1000])
 
 
 def measure(store: EventStore, cache: EmbeddingCache, spec: RunSpec, events: list[NewEvent], cases,
@@ -142,7 +135,7 @@ def main() -> None:
         r["p50_over_none"] = round(r["p50"] / floor, 2)
         r["p50_above_none_ms"] = round(r["p50"] - floor, 3)
     out["target_p50_ms"] = 10.0
-    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    out["peak_rss_mb"] = peak_rss_mb()
     store.close()
     if args.json:
         print(json.dumps(out))

@@ -28,6 +28,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import ms_summary, peak_rss_mb, seed_run  # noqa: E402
+
 from handlers.cases import load_cases  # noqa: E402
 from handlers.pipeline import process_case  # noqa: E402
 from handlers.policies.skemex import retrieval  # noqa: E402
@@ -67,15 +69,6 @@ def synthetic_skills(n: int, categories: list[str], dim: int, rng: np.random.Gen
         events.append(NewEvent(sk.SkillReviewed(skill_id=sid, kind="create", accepted=True, reason="synthetic",
                                                 source_case_id=f"syn-{i}"), f"syn-{i}"))
     return events, vectors
-
-
-def seed_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCache, events: list[NewEvent]) -> None:
-    store.append(run_id, [NewEvent(spec.started_event(cache.embedder.name))], -1)
-    seq = 0
-    for i in range(0, len(events), 1000):
-        batch = events[i:i + 1000]
-        store.append(run_id, batch, seq)
-        seq += len(batch)
 
 
 def main() -> None:
