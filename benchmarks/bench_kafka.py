@@ -1,6 +1,7 @@
 """Kafka transport numbers (DESIGN §9, issue 4), against a real Apache Kafka broker.
 
-    python benchmarks/bench_kafka.py [--cases 78] [--runs 8] [--json]
+    python benchmarks/bench_kafka.py [--cases 78] [--runs 8] [--json] [--no-warmup] [--skip-restart]
+                                     [--profile DIR]
 
 Starts a single-node Kafka 4.x broker from the jars of `.ci/kafka/fetch.sh` (its start time
 is reported), warms a DuckDB embedding cache with one embedded run of the cases (so the
@@ -9,9 +10,14 @@ as a separate process and measures, with the sim backbone:
 
 - end to end cases/s through the five topics, from the first produce of `submit` to the
   last `case.completed` seen on the changelog: one run alone, then --runs runs in parallel
-  on the one worker (each run on its own partition);
-- per-stage latency p50/p99 from the worker: service (stage + DuckDB commit + changelog and
-  next-command acks) and hop (produce of the command → start of its processing);
+  on the one worker (each run on its own partition). Before these, one unmeasured run
+  warms the broker up (its JVM compiles its hot paths over the first thousands of
+  requests; a broker in service has long done so) — `--no-warmup` leaves it out;
+- CPU time per case of the worker, the broker and this process (the observer), which is
+  steadier than wall time on a shared machine;
+- per-stage latency p50/p99 from the worker: service (start of the stage → its DuckDB
+  commit: stage, changelog ack, grouped commit) and hop (produce of the command → start of
+  its processing: for a command the worker took up on its produce ack, that round trip);
 - restart: a worker SIGKILLed mid-run and started again (same name, same file) — seconds
   from the new process's start to its first new changelog batch;
 - the worker's peak RSS; every run's fingerprint against the embedded runner's.
@@ -102,11 +108,26 @@ class ChangelogWatch:
             await self.poll()
 
 
-def spawn(bootstrap: str, db: Path, log: Path, name: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "grandrounds", "worker", "--broker", f"kafka://{bootstrap}", "--db", str(db),
+PROFILE_DIR: Path | None = None  # --profile: each worker process runs under cProfile
+
+
+def spawn(bootstrap: str, db: Path, log: Path, name: str, profile: str | None = None) -> subprocess.Popen:
+    prof = []
+    if PROFILE_DIR is not None and profile is not None:
+        prof = ["-m", "cProfile", "-o", str(PROFILE_DIR / f"{profile}.prof")]
+    cmd = [sys.executable, *prof, "-m", "grandrounds", "worker", "--broker", f"kafka://{bootstrap}", "--db", str(db),
            "--group", PREFIX + "g", "--topic-prefix", PREFIX, "--name", name, "--json"]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=open(log, "ab"), stdin=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time a process has used so far (Linux /proc), 0.0 where unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, TypeError):
+        return 0.0
 
 
 def wait_ready(log: Path, marker_count: int, timeout: float = 120) -> None:
@@ -117,12 +138,17 @@ def wait_ready(log: Path, marker_count: int, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
-async def timed_runs(bootstrap: str, topics: Topics, spec, cases, ids: list[str]) -> float:
+async def timed_runs(bootstrap: str, topics: Topics, spec, cases, ids: list[str]) -> tuple[float, dict]:
+    """Seconds from the first produce of the submits to the last case.completed on the changelog."""
     async with ChangelogWatch(bootstrap, topics) as watch:
         t0 = time.monotonic()
         await asyncio.gather(*(submit_run(bootstrap, rid, spec, cases, topics=topics) for rid in ids))
+        submitted = time.monotonic() - t0
+        await watch.until(lambda: watch.batches > 0, 900)
+        first = watch.last_batch_at - t0
         await watch.until(lambda: all(watch.completed.get(r, 0) >= len(cases) for r in ids), 900)
-        return time.monotonic() - t0
+        total = time.monotonic() - t0
+        return total, {"submit_returned_s": round(submitted, 2), "first_changelog_batch_s": round(first, 2)}
 
 
 async def restart_time(bootstrap: str, topics: Topics, spec, cases, db: Path, log: Path) -> dict:
@@ -157,7 +183,15 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=78, help="first N cases of examples/cases.jsonl (default: all 78)")
     ap.add_argument("--runs", type=int, default=8, help="parallel runs in the second measurement")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", metavar="DIR", help="run each phase's worker under cProfile; write DIR/<phase>.prof")
+    ap.add_argument("--skip-restart", action="store_true", help="leave out the restart measurement")
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false",
+                    help="leave out the unmeasured warm-up run, so the first timed phase meets a cold broker JVM")
     args = ap.parse_args()
+    global PROFILE_DIR
+    if args.profile:
+        PROFILE_DIR = Path(args.profile).resolve()
+        PROFILE_DIR.mkdir(parents=True, exist_ok=True)
 
     from kafka_broker import KafkaBroker, java_executable, kafka_libs_dir
 
@@ -193,29 +227,39 @@ def main() -> None:
             log = work / "worker.log"
             ids = run_ids(args.runs)
             phases = [("one_run", ["bench-single"]), ("parallel_runs", ids)]
+            if args.warmup:
+                phases.insert(0, ("warmup", ["bench-warmup"]))
+            out["warmup"] = args.warmup
             for n, (phase, phase_ids) in enumerate(phases, start=1):
                 # A worker per phase, so its latency figures are that phase's alone.
                 t_spawn = time.monotonic()
-                worker = spawn(boot, db, log, "bench-w")
+                worker = spawn(boot, db, log, "bench-w", profile=phase)
                 wait_ready(log, n)
                 if n == 1:
                     out["worker_start_to_ready_s"] = round(time.monotonic() - t_spawn, 2)
-                seconds = asyncio.run(timed_runs(boot, topics, spec, cases, phase_ids))
+                cpu0 = {"worker": cpu_seconds(worker.pid), "broker": cpu_seconds(broker.pid),
+                        "bench": time.process_time()}
+                seconds, timeline = asyncio.run(timed_runs(boot, topics, spec, cases, phase_ids))
+                cpu = {"worker": cpu_seconds(worker.pid), "broker": cpu_seconds(broker.pid), "bench": time.process_time()}
+                timeline["cpu_ms_per_case"] = {k: round((cpu[k] - cpu0[k]) * 1000 / (len(phase_ids) * len(cases)), 2)
+                                               for k in cpu}
                 worker.send_signal(signal.SIGTERM)
                 stdout, _ = worker.communicate(timeout=60)
                 stats = json.loads(stdout.decode().strip().splitlines()[-1])
-                out[phase] = {"runs": len(phase_ids), "seconds": round(seconds, 2),
+                out[phase] = {"runs": len(phase_ids), "seconds": round(seconds, 2), **timeline,
                               "cases_per_s": round(len(phase_ids) * len(cases) / seconds, 1),
                               "stage_latency_ms": stats["latency_ms"], "worker_peak_rss_mb": stats["peak_rss_mb"],
                               "duckdb_commits": stats.get("commits"),
                               "redeliveries_skipped": stats["skipped_redeliveries"],
+                              "own_deliveries": stats.get("own_deliveries", 0),
                               "embedding_cache_misses": stats.get("embedding_cache_misses")}
 
             with EventStore(db, read_only=True) as store:
                 fps = {r: store.fingerprint(r) for r in ["bench-single", *ids]}
             out["fingerprints_equal_embedded"] = all(f == ref["fingerprint"] for f in fps.values())
 
-            out["restart"] = asyncio.run(restart_time(boot, topics, spec, cases, db, log))
+            if not args.skip_restart:
+                out["restart"] = asyncio.run(restart_time(boot, topics, spec, cases, db, log))
         finally:
             broker.stop()
         out["loadavg_end"] = os.getloadavg()[0]
@@ -230,19 +274,24 @@ def main() -> None:
     print(f"  broker start            {out['broker_start_s']:.2f} s")
     print(f"  worker start → ready    {out['worker_start_to_ready_s']:.2f} s")
     print(f"  embedded (stage commit) {out['embedded_stage_commit_cases_per_s']:.1f} cases/s (same process, no broker)")
+    print(f"  warm-up run first       {'yes' if out['warmup'] else 'no (cold broker JVM)'}")
     for phase in ("one_run", "parallel_runs"):
         ph = out[phase]
+        cpu = ph["cpu_ms_per_case"]
         print(f"  {ph['runs']} run(s) end to end    {ph['cases_per_s']:.1f} cases/s ({ph['runs'] * args.cases} cases in "
               f"{ph['seconds']:.1f} s; worker peak RSS {ph['worker_peak_rss_mb']:.0f} MB; DuckDB transactions "
               f"{ph['duckdb_commits']['transactions']} for {ph['duckdb_commits']['stage_batches']} stage batches)")
+        print(f"    CPU ms per case       worker {cpu['worker']}, broker {cpu['broker']}, observer {cpu['bench']}; "
+              f"commands taken up on their produce ack: {ph['own_deliveries']}")
         print("    stage latency (ms)    service p50/p99      hop p50/p99")
         for stage, lat in ph["stage_latency_ms"].items():
             print(f"      {stage:<10} {lat['service_p50']:>10} / {lat['service_p99']:<10} {lat['hop_p50']:>8} / {lat['hop_p99']}")
-    print("    (service: stage + changelog ack + DuckDB commit + next-command ack; hop: command produced → its "
-          "processing starts;\n     retrieve's hop includes waiting for the previous case: a run's cases are all "
-          "submitted up front)")
-    print(f"  restart → processing    {out['restart']['restart_to_processing_s']:.2f} s "
-          "(new process started → its first changelog batch; SIGKILLed mid-run, same --name and file)")
+    print("    (service: stage start → its DuckDB commit; hop: command produced → its processing starts (on the\n"
+          "     produce ack where the worker owns the next stage); retrieve's hop includes waiting for the previous\n"
+          "     case: a run's cases are all submitted up front)")
+    if "restart" in out:
+        print(f"  restart → processing    {out['restart']['restart_to_processing_s']:.2f} s "
+              "(new process started → its first changelog batch; SIGKILLed mid-run, same --name and file)")
     print(f"  fingerprints = embedded {out['fingerprints_equal_embedded']}")
 
 

@@ -228,6 +228,14 @@ class EventStore:
             raise ConcurrencyConflict(f"run {run_id!r}: expected last seq {expected_seq}, the log is at {head[0]}")
         return self._build_rows(run_id, events, head)
 
+    def preview_after(self, run_id: str, events: Sequence[NewEvent], head: tuple[int, str]) -> list[StoredEvent]:
+        """The rows `events` get when appended after `head` (last seq, its chain hash); reads nothing.
+
+        For a writer whose previous batch is on its way to the file but not in it yet (the Kafka
+        worker's pipelined commits): the next batch chains onto that one.
+        """
+        return self._build_rows(run_id, events, head)
+
     @staticmethod
     def _insert_rows(conn, rows: Sequence[StoredEvent]) -> None:
         """One multi-row INSERT over column lists (not executemany: that is a statement a row)."""

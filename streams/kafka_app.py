@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from faststream import FastStream
 from faststream.kafka import KafkaBroker, KafkaMessage
 from faststream.kafka.schemas import Topic
@@ -45,6 +45,14 @@ STAGE_DOCS = {
     "reflect": "After feedback: reflection, episode and rule edits (memory writes).",
     "govern": "Relabels tools and closes the case (the memory watermark advances).",
 }
+
+
+COMMAND_FETCH = {"fetch_min_bytes": 64 * 1024, "fetch_max_wait_ms": 100}
+"""Fetch settings of the act…govern consumers. Their messages are the worker's own commands,
+which it processes as soon as the broker acknowledges them (see `RunActor`); the consumer's
+copies only move its position, so it fetches them in batches (at most every 100 ms) instead of
+one fetch round trip per command. A command the worker did not produce (another worker's,
+after a rebalance) waits at most that long."""
 
 
 @dataclass
@@ -98,6 +106,9 @@ def _dead_letter_middleware(owner: "KafkaWorkerApp") -> type[BaseMiddleware]:
         """Any message whose body does not validate goes to the dead-letter topic with the error."""
 
         async def consume_scope(self, call_next, msg):
+            worker = owner.worker
+            if worker is not None and worker.echo(msg.raw_message):
+                return None  # a command the worker delivered to itself on the produce ack: done already
             try:
                 return await call_next(msg)
             except (ValidationError, ValueError, UnicodeDecodeError) as exc:
@@ -145,6 +156,7 @@ def build_broker(bootstrap: str, topics: Topics, *, owner: "KafkaWorkerApp | Non
     subscribers: dict[str, Any] = {}
     for stage in STAGES:
         listener = _ForwardingListener(owner, stage) if owner is not None else None
+        extra = {} if stage == "retrieve" else dict(COMMAND_FETCH)
         sub = broker.subscriber(
             Topic(topics.stage(stage), declare=False),
             group_id=group_id,
@@ -155,7 +167,7 @@ def build_broker(bootstrap: str, topics: Topics, *, owner: "KafkaWorkerApp | Non
             partition_assignment_strategy=(assignor,),
             title=f"{topics.stage(stage)}:{stage}",
             description=STAGE_DOCS[stage],
-            **opts,
+            **opts, **extra,
         )
         subscribers[stage] = sub
     _register_handlers(subscribers, owner)
@@ -221,6 +233,7 @@ class KafkaWorkerApp:
         self.worker: KafkaWorker | None = None
         self._store, self._cache = store, cache
         self._owns_store = store is None
+        self._producer: AIOKafkaProducer | None = None
         consumer_opts = {
             "max_poll_interval_ms": settings.max_poll_interval_ms,
             "session_timeout_ms": settings.session_timeout_ms,
@@ -245,6 +258,12 @@ class KafkaWorkerApp:
         if self._cache is None:
             self._cache = EmbeddingCache(shared_minilm(), self._store.conn)
         partitions = await ensure_topics(s.bootstrap, self.topics, s.partitions, s.replication_factor)
+        # The per-step produce (changelog batch + next command) goes through aiokafka directly: the
+        # FastStream publishers stay the documented channels, but their per-message encoding and
+        # middleware cost as much as the produce itself, twice a step. Same settings as theirs.
+        self._producer = AIOKafkaProducer(bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True,
+                                          client_id=f"grandrounds-{self.worker_id}-steps")
+        await self._producer.start()
         worker = KafkaWorker(self._store, self._cache, bootstrap=s.bootstrap, topics=self.topics,
                              group_id=s.group_id, worker_id=self.worker_id, partitions=partitions,
                              checkpoint_every=s.checkpoint_every, keep_step_log=s.keep_step_log,
@@ -263,22 +282,30 @@ class KafkaWorkerApp:
     async def _closed(self) -> None:
         if self.worker is not None:
             await self.worker.close()
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
         if self._owns_store and self._store is not None:
             self._store.close()
             self._store = None
 
     async def _publish_stage(self, stage: str, cmd: StageCommand, confirm: bool = True):
         """Produce a stage command; with confirm=False, return the future of its acknowledgement."""
-        result = await self.publishers[stage].publish(cmd, key=cmd.run_id.encode(), no_confirm=not confirm)
-        return None if confirm else result
+        sent = await self._producer.send(self.topics.stage(stage), cmd.model_dump_json().encode("utf-8"),
+                                         key=cmd.run_id.encode(), headers=[("content-type", b"application/json")])
+        if confirm:
+            await sent
+            return None
+        return sent
 
     async def _publish_changelog(self, stored, confirm: bool = True):
         """Produce a batch to the changelog; with confirm=False, return the future of its acknowledgement."""
         value, headers = encode_batch(stored)
-        result = await self.publishers["changelog"].publish(
-            value, key=stored[0].run_id.encode(), headers={k: v.decode() for k, v in headers},
-            no_confirm=not confirm)
-        return None if confirm else result
+        sent = await self._producer.send(self.topics.changelog, value, key=stored[0].run_id.encode(), headers=headers)
+        if confirm:
+            await sent
+            return None
+        return sent
 
     async def _publish_dead_letter(self, letter: DeadLetter, key: bytes | None) -> None:
         await self.publishers["dead_letter"].publish(letter, key=key)

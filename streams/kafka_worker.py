@@ -7,13 +7,19 @@ keeps the run strictly in order: a message is processed only when it is the run'
 by the log; an earlier one is a redelivery and is skipped; a later one waits its turn.
 
 Per stage message: the stage runs through `handlers.pipeline.process_case` (stopped at the
-stage boundary); its batch of events goes to the changelog; then the events and the consumed
-(topic, partition, offset) are appended in one DuckDB transaction; the next stage's command
-is produced; only then is the message marked done (and, later, committed to Kafka). So a
-crash leaves one of: nothing (the message comes back and the stage runs again); the batch in
-the changelog only (the restore imports it, the message comes back and is skipped); or the
-stage committed (the message comes back and is skipped). What a crash can lose — the next
-stage's command — is re-produced from the log when a worker takes the partition ("kick").
+stage boundary); its batch of events goes to the changelog and the next stage's command to its
+topic, in one produce request. Once the broker has acknowledged both, the run goes on with the
+next stage — from the acknowledgement, which gives the command's offset, where this worker owns
+the command's partition (the consumer's later copy is recognised by offset and dropped), else
+from the consumer after this step's DuckDB commit. The `Committer` writes each step's events
+with its consumed (topic, partition, offset) in one DuckDB transaction, after the changelog
+acknowledged the batch; the steps of all runs that are ready share a transaction, on a thread
+of its own, and a run does not wait for it. Only then is the message marked done (and, later,
+committed to Kafka). So the file is always a prefix of the changelog, and a crash leaves one
+of: nothing of a step (the message comes back and the stage runs again); its batch in the
+changelog only (the restore imports it, the message comes back and is skipped); or the step
+committed (the message comes back and is skipped). What a crash can lose — the next stage's
+command — is re-produced from the log when a worker takes the partition ("kick").
 
 On assignment of partition p: import from changelog partition p the events this DuckDB
 file lacks, re-produce lost commands, and resume each topic at the offset stored in DuckDB
@@ -26,8 +32,9 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -88,12 +95,18 @@ class Delivery:
     timestamp_ms: int
     received: float
     key: tuple[int, int]
+    own: bool = False
+    """Delivered from the broker's acknowledgement of this worker's own produce, not by the consumer."""
 
 
 @dataclass
 class WorkerStats:
     processed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     skipped: int = 0
+    own_deliveries: int = 0
+    """Stage commands processed as soon as the broker acknowledged them (this worker owns their partition)."""
+    echoes: int = 0
+    """The consumer's copies of those commands, recognised by offset and dropped."""
     dead_letters: int = 0
     failed: int = 0
     runs_opened: int = 0
@@ -103,9 +116,11 @@ class WorkerStats:
     assignments: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     revocations: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     service_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
-    """Per stage: processing time (stage + DuckDB commit + changelog and next-command acks)."""
+    """Per stage: from the start of processing to the DuckDB commit (the stage, the changelog ack, and
+    the grouped commit, which the run itself does not wait for)."""
     hop_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
-    """Per stage: from the command's produce timestamp to the start of its processing."""
+    """Per stage: from the command's produce timestamp to the start of its processing (for a command
+    delivered on its produce ack: that round trip)."""
     step_log: list[tuple[str, int, str]] = field(default_factory=list)
     """(run, case index, stage) of every stage executed, in order (tests check for repeats)."""
     restore_seconds: list[float] = field(default_factory=list)
@@ -128,6 +143,7 @@ class WorkerStats:
     def as_dict(self) -> dict:
         return {
             "processed": dict(self.processed), "skipped_redeliveries": self.skipped,
+            "own_deliveries": self.own_deliveries, "echoes": self.echoes,
             "dead_letters": self.dead_letters, "failed": self.failed, "runs_opened": self.runs_opened,
             "cases_completed": self.cases_completed, "restored_events": self.restored_events,
             "kicks": self.kicks, "assignments": dict(self.assignments), "revocations": dict(self.revocations),
@@ -154,101 +170,247 @@ def _peak_rss_mb() -> float | None:
 Publish = Callable[..., Awaitable[Any]]
 
 
-class GroupCommit:
-    """Commits the stage batches of several runs together, in one DuckDB transaction.
+@dataclass
+class Step:
+    """One processed stage message on its way into DuckDB: its batch, the message, the changelog ack."""
 
-    Each run's step still commits its events with its consumed offset atomically; several
-    runs' steps just share one transaction (one INSERT, one COMMIT), which is most of a step's
-    cost here. A batch waits for the others only while steps are known to be on their way (their
-    changelog acks outstanding), and never longer than `linger` seconds; a lone step commits at
-    once, through the plain `EventWriter.flush` path.
+    actor: "RunActor"
+    d: Delivery
+    stage: str
+    events: list[NewEvent]
+    expected_seq: int
+    batch: list[StoredEvent]
+    logged: asyncio.Future | None
+    """The changelog's acknowledgement of `batch` (None: an empty batch, nothing to log)."""
+    started: float
+    committed: asyncio.Future
+    dropped: bool = False
+
+
+class Committer:
+    """Writes processed steps to DuckDB: each step's events with its consumed offset, in one transaction.
+
+    A run does not wait for its step to reach the file before it goes on to its next step:
+    the step's batch is in the changelog already (a step is committed only after the
+    changelog acknowledged it), and the file only ever holds a prefix of the changelog. So
+    the commits of consecutive steps — of one run, and of all runs — are grouped: one
+    transaction (one INSERT, one offsets UPDATE, one COMMIT) for every step ready when it
+    starts. The transaction runs on a thread of its own (DuckDB releases the GIL while it
+    works), one at a time, at most one starting every `linger` seconds (sooner once
+    `max_batch` steps wait); steps that arrive meanwhile go into the next one.
+
+    Steps of a run are committed in order; a step whose changelog ack is outstanding holds
+    back its run's later steps. The offset stored for a partition is the position below
+    which every message is done (`PartitionOffsets`), so a transaction never stores a
+    position past a message whose effect it does not hold.
     """
 
-    def __init__(self, worker: "KafkaWorker", linger: float = 0.004):
+    def __init__(self, worker: "KafkaWorker", linger: float = 0.005, max_batch: int = 512,
+                 threaded: bool = True):
         self.worker = worker
         self.linger = linger
-        self._queue: list[tuple[Any, Delivery, asyncio.Future]] = []  # (EventWriter, delivery, result)
-        self._handle: asyncio.Handle | None = None
-        self._lingering = False
-        self._deadline = 0.0
-        self._incoming = 0
+        self.max_batch = max_batch
+        self.queue: list[Step] = []
+        self._handle: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._soon = False
+        self._inflight: asyncio.Future | None = None
+        self._writing: list[Step] = []  # the steps of the transaction in flight
+        self._last_start = 0.0
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="duckdb-commit") if threaded else None
         self.transactions = 0
         self.batches = 0
 
-    def expect(self) -> None:
-        """A step's changelog batch is on its way; its commit will follow the ack."""
-        self._incoming += 1
+    def submit(self, step: Step) -> None:
+        self.queue.append(step)
+        step.actor.uncommitted += 1
+        if step.logged is not None and not step.logged.done():
+            step.logged.add_done_callback(lambda _f: self.schedule())
+        self.schedule(now=len(self.queue) >= self.max_batch)
 
-    def arrived(self) -> None:
-        self._incoming -= 1
-
-    def submit(self, writer, d: Delivery) -> asyncio.Future:
+    def schedule(self, now: bool = False) -> None:
+        """Commit soon: on new steps, changelog acks, and positions to store (skips, dead letters)."""
+        if self._inflight is not None:
+            return  # the commit in flight schedules the next when it is done
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        if not self._queue:
-            self._deadline = loop.time() + self.linger
-        self._queue.append((writer, d, fut))
-        if self._handle is None or (self._lingering and self._incoming <= 0):
+        if now and not self._soon:
             if self._handle is not None:
                 self._handle.cancel()
-            self._lingering = False
-            self._handle = loop.call_soon(self._run)
-        return fut
+            self._handle = loop.call_soon(self._flush)
+            self._soon = True
+        elif self._handle is None:
+            delay = self._last_start + self.linger - loop.time()
+            if delay > 0:
+                self._handle = loop.call_later(delay, self._flush)
+            else:
+                self._handle = loop.call_soon(self._flush)
+                self._soon = True
 
-    def _run(self) -> None:
+    async def settle(self, actors: "Iterable[RunActor] | None" = None) -> None:
+        """Commit now, and wait until every step these runs (default: all) handed over so far is in the
+        file (or was dropped). Steps handed over meanwhile are not waited for."""
+        wanted = None if actors is None else set(actors)
+        pending = [s.committed for s in (*self._writing, *self.queue)
+                   if (wanted is None or s.actor in wanted) and not s.committed.done()]
+        if not pending:
+            return
+        self.schedule(now=True)
+        await asyncio.wait(pending)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _flush(self) -> None:
         self._handle = None
-        self._lingering = False
-        if not self._queue:
+        self._soon = False
+        if self._inflight is not None:
             return
-        loop = asyncio.get_running_loop()
-        wait = self._deadline - loop.time()
-        if self._incoming > 0 and wait > 0:
-            self._lingering = True
-            self._handle = loop.call_later(wait, self._run)
+        ready: list[Step] = []
+        rest: list[Step] = []
+        failed: list[Step] = []
+        held: set[int] = set()
+        for step in self.queue:
+            key = id(step.actor)
+            logged = step.logged
+            if key in held or (logged is not None and not logged.done()):
+                held.add(key)  # a run's steps are committed in order
+                rest.append(step)
+            elif logged is not None and (logged.cancelled() or logged.exception() is not None):
+                held.add(key)
+                rest.append(step)
+                failed.append(step)
+            else:
+                ready.append(step)
+        self.queue = rest
+        for step in failed:
+            if not step.dropped:
+                exc = asyncio.CancelledError() if step.logged.cancelled() else step.logged.exception()
+                self._fail_run(step.actor, [step], exc)
+        positions = self._positions(ready)
+        if not ready and not positions:
             return
-        items, self._queue = self._queue, []
+        # Should the group's transaction fail, each run is committed alone, with only its own positions.
+        by_run: dict[int, list[Step]] = {}
+        for s in ready:
+            by_run.setdefault(id(s.actor), []).append(s)
+        apart = []
+        if len(by_run) > 1:
+            for run_steps in by_run.values():
+                mine = {(s.d.topic, s.d.partition) for s in run_steps}
+                apart.append((run_steps, [c for c in self._positions(run_steps) if (c.topic, c.partition) in mine]))
         self.transactions += 1
-        self.batches += len(items)
-        if len(items) > 1:
-            try:
-                results = self._commit_together(items)
-            except Exception:  # noqa: BLE001 - commit them one by one so one bad batch fails alone
-                log.warning("group commit of %d batches failed; committing them one by one", len(items),
-                            exc_info=True)
-            else:
-                for (_, _, fut), stored in zip(items, results):
-                    if not fut.done():
-                        fut.set_result(stored)
-                return
-        for writer, d, fut in items:
-            try:
-                stored = writer.flush(consumed=self.worker.consumed(d))
-            except Exception as exc:  # noqa: BLE001 - handed to the step that owns it
-                if not fut.done():
-                    fut.set_exception(exc)
-            else:
-                if not fut.done():
-                    fut.set_result(stored)
+        self.batches += len(ready)
+        loop = asyncio.get_running_loop()
+        self._last_start = loop.time()
+        if self._pool is None:
+            self._apply(self._write(ready, positions, apart))
+            self._next()
+            return
+        self._writing = ready
+        self._inflight = loop.run_in_executor(self._pool, self._write, ready, positions, apart)
+        self._inflight.add_done_callback(lambda fut: self._written(fut, ready, positions))
 
-    def _commit_together(self, items) -> list[list[StoredEvent]]:
+    def _written(self, fut: asyncio.Future, steps: list[Step], positions: list[ConsumedOffset]) -> None:
+        self._inflight = None
+        self._writing = []
+        try:
+            outcomes = fut.result()
+        except BaseException as exc:  # noqa: BLE001 - the thread itself failed
+            outcomes = [(steps, positions, exc)]
+        self._apply(outcomes)
+        self._next()
+
+    def _next(self) -> None:
+        if self.queue or any(t.watermark() > t.stored for t in self.worker.offsets.values()):
+            self.schedule()
+
+    def _write(self, steps: list[Step], positions: list[ConsumedOffset], apart: list) -> list:
+        """The transaction (on the commit thread): [(steps, positions, stored batches | the exception)]."""
+        store = self.worker.store
+        try:
+            return [(steps, positions, store.append_many(
+                [(s.actor.run_id, s.events, s.expected_seq) for s in steps], positions))]
+        except Exception as exc:  # noqa: BLE001 - commit run by run, so one bad run fails alone
+            if not apart:
+                return [(steps, positions, exc)]
+            log.warning("group commit of %d steps failed (%r); committing run by run", len(steps), exc)
+        out = []
+        for run_steps, run_positions in apart:
+            try:
+                out.append((run_steps, run_positions, store.append_many(
+                    [(s.actor.run_id, s.events, s.expected_seq) for s in run_steps], run_positions)))
+            except Exception as exc:  # noqa: BLE001
+                out.append((run_steps, run_positions, exc))
+        return out
+
+    def _apply(self, outcomes: list) -> None:
+        for steps, positions, result in outcomes:
+            if isinstance(result, BaseException):
+                if steps:
+                    self._fail_run(steps[0].actor, steps, result)
+                else:
+                    log.warning("storing offsets failed (%r); retried with the next commit", result)
+                continue
+            for c in positions:
+                tracker = self.worker.offsets.get((c.topic, c.partition))
+                if tracker is not None and c.next_offset > tracker.stored:
+                    tracker.stored = c.next_offset
+            for step, stored in zip(steps, result):
+                self._done(step, stored)
+
+    def _positions(self, steps: list[Step]) -> list[ConsumedOffset]:
+        """Offsets to store with these steps: each partition's watermark, as if the steps were done,
+        where it moved past what the file holds (theirs, and skipped or dead-lettered messages')."""
         w = self.worker
         by_tp: dict[tuple[str, int], set[int]] = defaultdict(set)
-        for _, d, _ in items:
-            by_tp[(d.topic, d.partition)].add(d.offset)
-        consumed = []
-        for (topic, partition), offs in by_tp.items():
-            tracker = w.offsets.get((topic, partition))
-            nxt = tracker.watermark(assuming_done=offs) if tracker is not None else max(offs) + 1
-            consumed.append(ConsumedOffset(w.group_id, topic, partition, nxt))
-        writers = [writer for writer, _, _ in items]
-        results = w.store.append_many([(wr.run_id, wr.pending, wr.committed_seq) for wr in writers], consumed)
-        for wr, stored in zip(writers, results):
-            # What EventWriter.flush does after its own append.
-            wr.pending = []
-            if stored:
-                wr.committed_seq = stored[-1].seq
-                wr.projection.last_chain = stored[-1].chain
-        return results
+        for s in steps:
+            by_tp[(s.d.topic, s.d.partition)].add(s.d.offset)
+        out = []
+        for tp, tracker in w.offsets.items():
+            mark = tracker.watermark(assuming_done=by_tp.get(tp))
+            if mark > tracker.stored:
+                out.append(ConsumedOffset(w.group_id, tp[0], tp[1], mark))
+        return out
+
+    def _done(self, step: Step, stored: list[StoredEvent]) -> None:
+        w = self.worker
+        actor = step.actor
+        if step.dropped:
+            return
+        if [e.chain for e in stored] != [e.chain for e in step.batch]:
+            log.critical("run %s: committed batch differs from the changelog batch", actor.run_id)
+        w.stats.processed[step.stage] += 1
+        w.stats.service_ms[step.stage].append((time.monotonic() - step.started) * 1000)
+        if step.stage == "govern":
+            w.stats.cases_completed += 1
+        w.finished(step.d)
+        if not step.committed.done():
+            step.committed.set_result(True)
+        actor.committed_one()
+
+    def _fail_run(self, actor: "RunActor", steps: list[Step], exc: BaseException) -> None:
+        """These steps of a run cannot be committed: drop them and the run's later ones, reload the run
+        from the log and restore it from the changelog (which holds the dropped steps' batches)."""
+        w = self.worker
+        first = steps[0]
+        log.critical("run %s: committing %s of case %s failed (%r); the run is reloaded from the log and "
+                     "restored from the changelog", actor.run_id, first.stage, first.d.key[0], exc)
+        dropped = [s for s in steps if not s.dropped] + [s for s in self.queue if s.actor is actor and s not in steps]
+        self.queue = [s for s in self.queue if s.actor is not actor]
+        actor.reload()
+        w.schedule_restore(actor.partition)
+        for i, s in enumerate(dropped):
+            s.dropped = True
+            if not s.committed.done():
+                s.committed.set_result(False)
+            if i == 0:
+                asyncio.ensure_future(actor._fail(s.d, "failed", f"commit of {s.stage} failed: {exc!r}"))
+            else:
+                w.finished(s.d)  # built on the failed step: the restore brings its batch, the kick the rest
+            actor.committed_one()
 
 
 class KafkaWorker:
@@ -281,8 +443,8 @@ class KafkaWorker:
         self.accepting = True
         self._restore_lock = asyncio.Lock()
         self._restorer: AIOKafkaConsumer | None = None
-        self._committer: asyncio.Task | None = None
-        self.group_commit = GroupCommit(self)
+        self._group_committer: asyncio.Task | None = None
+        self.committer = Committer(self)
 
     # --- wiring --------------------------------------------------------------------------
 
@@ -290,8 +452,8 @@ class KafkaWorker:
         self.consumers[stage] = consumer
 
     def start(self) -> None:
-        if self._committer is None:
-            self._committer = asyncio.create_task(self._commit_loop())
+        if self._group_committer is None:
+            self._group_committer = asyncio.create_task(self._commit_loop())
 
     # --- intake --------------------------------------------------------------------------
 
@@ -315,7 +477,9 @@ class KafkaWorker:
             key = (body.index, 0)
         else:
             key = (body.index, STAGE_INDEX[stage])
-        tracker.delivered(record.offset)
+        if not tracker.delivered(record.offset):
+            self.stats.echoes += 1  # a command this worker produced and has processed (or is processing) already
+            return
         delivery = Delivery(stage, body, record.topic, record.partition, record.offset,
                             int(record.timestamp or 0), time.monotonic(), key)
         actor = self.actors.get(run_id)
@@ -328,6 +492,22 @@ class KafkaWorker:
                 consumer.pause(TopicPartition(*tp))
                 self.paused.add(tp)
 
+    def echo(self, record: Any) -> bool:
+        """Whether a fetched record is the consumer's copy of a command this worker delivered to itself.
+
+        Called before the record is decoded: such a copy needs no validation and no work.
+        """
+        tracker = self.offsets.get((record.topic, record.partition))
+        if tracker is None or not tracker.is_own(record.offset):
+            return False
+        tracker.delivered(record.offset)
+        self.stats.echoes += 1
+        return True
+
+    def owns(self, topic: str, partition: int) -> bool:
+        """Whether this worker consumes that topic-partition now (so it may deliver its messages itself)."""
+        return self.accepting and (topic, partition) in self.offsets
+
     async def dead_letter(self, reason: str, error: str, record: Any) -> None:
         """Send a message the worker cannot use to the dead-letter topic, then count it consumed."""
         letter = DeadLetter.of(reason, error, record.topic, record.partition, record.offset, record.key, record.value)
@@ -337,11 +517,9 @@ class KafkaWorker:
         log.warning("dead letter (%s) from %s[%d]@%d: %s", reason, record.topic, record.partition,
                     record.offset, error.splitlines()[0] if error else "")
         tracker = self.offsets.get((record.topic, record.partition))
-        if tracker is not None:
-            tracker.delivered(record.offset)
-            self.store.save_offset(ConsumedOffset(self.group_id, record.topic, record.partition,
-                                                  tracker.watermark(assuming_done=record.offset)))
+        if tracker is not None and tracker.delivered(record.offset):
             tracker.done(record.offset)
+            self.committer.schedule()  # its position goes to DuckDB with the next commit
 
     def finished(self, d: Delivery) -> None:
         tp = (d.topic, d.partition)
@@ -471,11 +649,19 @@ class KafkaWorker:
             for t in pending:
                 log.warning("a step did not finish within %.0fs of a revoke; cancelling it", self.revoke_timeout)
                 t.cancel()
+        # Their processed steps into the file before ownership can end.
+        try:
+            await asyncio.wait_for(self.committer.settle(actors), self.revoke_timeout)
+        except asyncio.TimeoutError:
+            log.warning("steps of %s not committed within %.0fs of a revoke", [a.run_id for a in actors],
+                        self.revoke_timeout)
         return actors
 
     async def _take_over(self, parts: list[int]) -> None:
         """Restore these partitions' runs from the changelog, then re-produce commands a crash lost."""
         t0 = time.monotonic()
+        # The kick below reads these runs' progress from the file.
+        await self.committer.settle([a for a in self.actors.values() if a.partition in parts])
         async with self._restore_lock:
             if self._restorer is None:
                 self._restorer = changelog_consumer(self.bootstrap, client_id=f"{self.worker_id}-restore")
@@ -534,19 +720,21 @@ class KafkaWorker:
         """Stop taking messages, let steps in flight finish, commit, checkpoint every run."""
         self.accepting = False
         await self._quiesce_runs(set(self.actors))
+        await self.committer.settle()
         try:
             await self.commit_all()
         except Exception:  # noqa: BLE001
             log.debug("final commit failed", exc_info=True)
-        if self._committer is not None:
-            self._committer.cancel()
-            self._committer = None
+        if self._group_committer is not None:
+            self._group_committer.cancel()
+            self._group_committer = None
         for actor in list(self.actors.values()):
             actor.close()
         self.actors.clear()
         self.cache.flush()
 
     async def close(self) -> None:
+        self.committer.close()
         for task in self.takeovers.values():
             task.cancel()
         if self._restorer is not None:
@@ -555,7 +743,7 @@ class KafkaWorker:
 
     def summary(self) -> dict:
         return dict(self.stats.as_dict(), embedding_cache_misses=self.cache.misses,
-                    commits={"transactions": self.group_commit.transactions, "stage_batches": self.group_commit.batches})
+                    commits={"transactions": self.committer.transactions, "stage_batches": self.committer.batches})
 
 
 def next_stage(progress: CaseProgress) -> str:
@@ -572,8 +760,25 @@ def next_stage(progress: CaseProgress) -> str:
     return "govern"
 
 
+class _Reloaded(Exception):
+    """The run was reloaded from the log while a stage ran (a commit of an earlier step failed)."""
+
+
 class RunActor:
-    """One run's mailbox and the task that works through it strictly in order."""
+    """One run's mailbox and the task that works through it strictly in order.
+
+    Pipelined: a processed step goes to the changelog and to the committer, and the run goes
+    on with its next step as soon as that step's command is acknowledged by the broker (where
+    this worker owns the command's partition, as the co-partitioned assignment makes it do):
+    it waits neither for the DuckDB commit of the step before, nor for its consumer to fetch
+    the command back (that copy is recognised by its offset and dropped). Every step still
+    runs off a command that is in Kafka, and is committed with that command's offset; the
+    next step starts only once the previous step's changelog batch is acknowledged, so the
+    changelog never has a gap and the file never holds what the changelog lacks.
+    """
+
+    max_uncommitted = 64
+    """Steps a run may have processed but not yet in the file before it waits for the committer."""
 
     def __init__(self, worker: KafkaWorker, run_id: str, partition: int):
         self.worker = worker
@@ -588,6 +793,12 @@ class RunActor:
         self.index: int | None = None
         self.progress = CaseProgress()
         self.expected_cases: int | None = None
+        self.head: tuple[int, str] | None = None
+        """(seq, chain) of the run's last processed event: in the file, or on its way there."""
+        self.generation = 0
+        """Bumped whenever the in-memory state is dropped; work begun before belongs to the old state."""
+        self.uncommitted = 0
+        """Steps handed to the committer and not yet in the file (nor dropped)."""
 
     # --- mailbox -------------------------------------------------------------------------
 
@@ -611,13 +822,17 @@ class RunActor:
     def close(self, checkpoint: bool = True) -> None:
         if self.task is not None and not self.task.done():
             self.task.cancel()
-        if checkpoint and self.ctx is not None and not self.ctx.writer.pending:
+        if checkpoint and self.ctx is not None and not self.ctx.writer.pending and not self.uncommitted:
             try:
                 save_checkpoint(self.worker.store, self.run_id, self.ctx.projection)
             except Exception:  # noqa: BLE001 - a checkpoint is an optimisation
                 log.debug("checkpoint of %s failed", self.run_id, exc_info=True)
         self.ctx = None
         self.loaded = False
+
+    def committed_one(self) -> None:
+        """The committer is done with one of this run's steps (in the file, or dropped)."""
+        self.uncommitted = max(0, self.uncommitted - 1)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -628,6 +843,7 @@ class RunActor:
         if w.store.has_run(self.run_id):
             spec = read_spec(w.store, self.run_id)
             self.ctx, _how = open_run(w.store, self.run_id, spec, w.cache, **w.backbone_opts)
+            self.head = w.store.head(self.run_id)
             state = self.ctx.projection.state
             if state.cases_received > state.cases_completed:
                 received = w.store.last_of_type(self.run_id, CaseReceived.event_type)
@@ -649,12 +865,17 @@ class RunActor:
 
     async def _drain(self) -> None:
         w = self.worker
+        settled = False
         while not self.hold and self.waiting:
             takeover = w.takeovers.get(self.partition)
             if takeover is not None and not takeover.done():
                 await asyncio.shield(takeover)  # a restore may be bringing this run's log up to date
                 continue
             if not self.loaded:
+                if self.uncommitted and not settled:
+                    await w.committer.settle([self])  # the file must hold every processed step before it is read
+                    settled = True
+                    continue
                 try:
                     self._load()
                 except Exception as exc:  # noqa: BLE001 - the run cannot be opened at all
@@ -674,6 +895,8 @@ class RunActor:
             if not ready:
                 del self.waiting[nxt]
             await self._process(d)
+            if self.uncommitted > self.max_uncommitted:
+                await w.committer.settle([self])
 
     async def _skip(self, d: Delivery) -> None:
         """A redelivery of a step the log already has: nothing to do but count it consumed."""
@@ -686,8 +909,8 @@ class RunActor:
                                  "configuration; choose another run id")
                 return
         w.stats.skipped += 1
-        w.store.save_offset(w.consumed(d))  # so a restart does not deliver it yet again
         w.finished(d)
+        w.committer.schedule()  # its position goes to DuckDB with the next commit, so a restart skips it
 
     async def _fail(self, d: Delivery, reason: str, error: str) -> None:
         w = self.worker
@@ -700,6 +923,7 @@ class RunActor:
         log.error("run %s: %s message at %s[%d]@%d %s: %s", self.run_id, d.stage, d.topic, d.partition,
                   d.offset, reason, error)
         w.finished(d)
+        w.committer.schedule()
 
     async def _process(self, d: Delivery) -> None:
         w = self.worker
@@ -711,85 +935,116 @@ class RunActor:
             return
         if isinstance(d.body, CaseMessage):
             self.case, self.index, self.progress = d.body.case, d.body.index, CaseProgress()
-        ctx = self.ctx
+        ctx, generation = self.ctx, self.generation
         try:
             stage = await run_one_stage(ctx, self.case, self.index, self.progress)
+            if generation != self.generation:
+                raise _Reloaded()
             if stage != d.stage:
                 raise RuntimeError(f"the log's next stage is {stage}, the message is for {d.stage}")
-            batch = w.store.preview(self.run_id, ctx.writer.pending, ctx.writer.committed_seq)
+            events = ctx.writer.pending
+            batch = w.store.preview_after(self.run_id, events, self.head)
+        except _Reloaded:
+            self.waiting.setdefault(d.key, []).insert(0, d)  # again, from the reloaded log
+            return
         except Exception as exc:  # noqa: BLE001 - the stage failed: nothing was written
             log.exception("run %s case %s: %s failed", self.run_id, self.index, d.stage)
             self._reset()  # the projection saw the stage's unwritten events: reopen from the log
             await self._fail(d, "failed", f"{d.stage} of case {self.index} failed: {exc!r}")
             return
-        # From here the step must not be cut short by a revoke or shutdown.
-        committed = await asyncio.shield(self._commit(d, stage, batch))
-        if not committed:
+        # The batch goes to the changelog and the next command to its stage topic, in one produce
+        # request (both queued here, neither awaited); the committer writes the batch with the
+        # consumed offset once the changelog has acknowledged it.
+        logged = None
+        if batch and w.publish_changelog is not None:
+            logged = await w.publish_changelog(batch, confirm=False)
+        nxt = next_stage(self.progress) if stage != "govern" else None
+        cmd = sent = None
+        if nxt is not None and w.publish_stage is not None:
+            cmd = StageCommand(run_id=self.run_id, index=self.index, case_id=self.case.case_id)
+            sent = await w.publish_stage(nxt, cmd, confirm=False)
+        if generation != self.generation:
+            # Reloaded while the produce was queued (a commit failed): the batch continues the
+            # changelog all the same; the step is taken up again from the reloaded log.
+            self.waiting.setdefault(d.key, []).insert(0, d)
             return
+        step = Step(self, d, stage, events, ctx.writer.committed_seq, batch, logged, started,
+                    asyncio.get_running_loop().create_future())
+        # The writer goes on as if the batch were in the file: the next batch chains onto it.
+        ctx.writer.pending = []
+        if batch:
+            ctx.writer.committed_seq = batch[-1].seq
+            ctx.projection.last_chain = batch[-1].chain
+            self.head = (batch[-1].seq, batch[-1].chain)
+        w.committer.submit(step)
         if w.keep_step_log:
             w.stats.step_log.append((self.run_id, self.index, stage))
-        w.stats.processed[stage] += 1
-        w.stats.service_ms[stage].append((time.monotonic() - started) * 1000)
         if stage == "govern":
-            w.stats.cases_completed += 1
             done = ctx.projection.state.cases_completed
             self.case, self.index, self.progress = None, None, CaseProgress()
             w.cache.flush()
             if (w.checkpoint_every and done % w.checkpoint_every == 0) or done == self.expected_cases:
-                save_checkpoint(w.store, self.run_id, ctx.projection)
+                await w.committer.settle([self])  # a checkpoint is of a projection the file holds
+                if self.ctx is ctx and self.generation == generation and not self.uncommitted:
+                    save_checkpoint(w.store, self.run_id, ctx.projection)
             if done == self.expected_cases:
                 log.info("run %s: all %d cases done", self.run_id, done)
+        elif sent is not None:
+            topic = w.topics.stage(nxt)
+            if w.owns(topic, self.partition):
+                self._deliver_when_acked(nxt, topic, cmd, logged, sent, generation)
+            else:
+                # Another worker consumes the next stage: it must find this step in its file or the
+                # changelog, so this one waits for its commit (as every step did before pipelining).
+                await asyncio.shield(step.committed)
+                await self._confirm(sent, nxt)
 
-    async def _commit(self, d: Delivery, stage: str, batch: list[StoredEvent]) -> bool:
-        """Changelog, then DuckDB (events + consumed offset, one transaction), then the next command.
-
-        The changelog goes first so that it always holds at least what this file holds: a
-        crash between the two leaves a batch in the changelog only, which the restore on
-        restart imports (and the redelivered message is then skipped as done).
-        """
+    def _deliver_when_acked(self, stage: str, topic: str, cmd: StageCommand, logged, sent, generation: int) -> None:
+        """Process the next command as soon as the broker has it (and this step's changelog batch)."""
         w = self.worker
-        ctx = self.ctx
-        logged = None
-        if batch and w.publish_changelog is not None:
-            logged = await w.publish_changelog(batch, confirm=False)
-        # The next command is sent with the changelog batch (one produce request, one round trip)
-        # and confirmed after the DuckDB commit. It cannot be processed early: it belongs to this
-        # run, whose task is busy with this step; and if a crash loses this step, the command
-        # waits in the run's mailbox until the redelivered step has run again (then it is next).
-        sent = None
-        if stage != "govern" and w.publish_stage is not None:
-            sent = await w.publish_stage(next_stage(self.progress), StageCommand(
-                run_id=self.run_id, index=self.index, case_id=self.case.case_id), confirm=False)
-        if logged is not None:
-            w.group_commit.expect()
-            try:
-                await logged  # the changelog holds the batch before this file does
-            finally:
-                w.group_commit.arrived()
+
+        def acked(_: asyncio.Future) -> None:
+            if not w.accepting:
+                return  # stopping: the next owner (or this worker, restarted) resumes from the log
+            if sent.cancelled() or sent.exception() is not None:
+                self._lost(stage, sent)
+                return
+            if logged is not None and (logged.cancelled() or logged.exception() is not None):
+                return  # the committer fails this step; the run is reloaded and restored
+            if generation != self.generation:
+                return  # reloaded meanwhile: the consumer delivers the command
+            meta = sent.result()
+            tracker = w.offsets.get((topic, self.partition))
+            if tracker is None or not w.accepting or not tracker.delivered_own(meta.offset):
+                return  # revoked, stopping, or the consumer fetched it first (then it is in the mailbox)
+            w.stats.own_deliveries += 1
+            stamp = meta.timestamp if meta.timestamp and meta.timestamp > 0 else 0
+            self.deliver(Delivery(stage, cmd, topic, self.partition, meta.offset, stamp, time.monotonic(),
+                                  (cmd.index, STAGE_INDEX[stage]), own=True))
+
+        both = asyncio.gather(*(f for f in (logged, sent) if f is not None), return_exceptions=True)
+        both.add_done_callback(acked)
+
+    async def _confirm(self, sent, stage: str) -> None:
         try:
-            stored = await w.group_commit.submit(ctx.writer, d)
-        except Exception as exc:  # noqa: BLE001 - DuckDB refused the transaction
-            log.critical("run %s: committing %s of case %s failed after its changelog batch was sent; "
-                         "the run is reloaded from the log and restored from the changelog", self.run_id,
-                         stage, self.index, exc_info=True)
-            self._reset()
-            w.schedule_restore(self.partition)
-            await self._fail(d, "failed", f"commit of {stage} failed: {exc!r}")
-            return False
-        if [e.chain for e in stored] != [e.chain for e in batch]:
-            log.critical("run %s: committed batch differs from the changelog batch", self.run_id)
-        if sent is not None:
             await sent
-        w.finished(d)
-        return True
+        except Exception:  # noqa: BLE001
+            self._lost(stage, sent)
+
+    def _lost(self, stage: str, sent) -> None:
+        log.error("run %s: the %s command was not acknowledged (%r); re-producing it from the log", self.run_id,
+                  stage, None if sent.cancelled() else sent.exception())
+        self.worker.schedule_restore(self.partition)  # its kick produces the run's next command again
 
     def reload(self) -> None:
         """Forget the in-memory state; the next step reopens the run from the log."""
         self._reset()
 
     def _reset(self) -> None:
+        self.generation += 1
         self.loaded = False
         self.ctx = None
+        self.head = None
         self.case, self.index, self.progress = None, None, CaseProgress()
 
     async def _open(self, d: Delivery) -> None:
@@ -797,7 +1052,7 @@ class RunActor:
         self.expected_cases = d.body.cases
         spec = d.body.spec
         try:
-            # Publish run.started before writing it, as every batch (see _commit).
+            # Publish run.started before writing it, as every batch (see _process).
             started = NewEvent(spec.started_event(w.cache.embedder.name))
             batch = w.store.preview(self.run_id, [started], -1)
         except Exception as exc:  # noqa: BLE001
@@ -819,8 +1074,9 @@ class RunActor:
             self._reset()
             await self._fail(d, "failed", f"run cannot be opened: {exc!r}")
             return
-        w.store.save_offset(w.consumed(d))
+        self.head = w.store.head(self.run_id)
         w.stats.runs_opened += 1
         self.case, self.index, self.progress = None, None, CaseProgress()
         log.info("run %s opened (%d cases announced)", self.run_id, d.body.cases)
         w.finished(d)
+        w.committer.schedule()  # its position goes to DuckDB with the next commit (a redelivery is skipped)

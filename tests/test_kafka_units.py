@@ -57,6 +57,28 @@ def test_partition_offsets_resume_at_the_first_unfinished_message():
     assert PartitionOffsets(None).watermark() == -1  # nothing known yet: nothing to store
 
 
+def test_partition_offsets_with_messages_delivered_on_their_produce_ack():
+    t = PartitionOffsets(10)
+    t.delivered(10)
+    assert t.delivered_own(12)  # produced by the worker, acknowledged at 12; 11 is not fetched yet
+    assert t.watermark(assuming_done={10, 12}) == 11  # 11 may be another producer's message
+    t.done(10)
+    t.done(12)
+    assert t.watermark() == 11
+    assert t.delivered(11) and t.pending == 1
+    assert not t.delivered(12) and t.pending == 1  # the consumer's copy of 12: not delivered again
+    t.done(11)
+    assert t.watermark() == 13 and t.pending == 0
+    assert t.delivered_own(13) and t.delivered_own(14)  # right after the fetch position: contiguous
+    t.done(13)
+    assert t.watermark() == 14 and t.watermark(assuming_done=14) == 15
+    t.delivered(15)  # the fetch may overtake the acknowledgement...
+    assert not t.delivered_own(15)  # ...then the message was delivered by the consumer
+    assert t.watermark(assuming_done={14, 15}) == 16
+    fresh = PartitionOffsets(None)  # nothing fetched since the assignment: nothing to vouch for
+    assert fresh.delivered_own(3) and fresh.watermark(assuming_done=3) == -1
+
+
 def test_broker_urls():
     assert parse_broker_url("kafka://a:9092,b:9093") == "a:9092,b:9093"
     for bad in ("localhost:9092", "kafka://", "kafka://host", "memory"):
