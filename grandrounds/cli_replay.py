@@ -20,12 +20,13 @@ def _bad_input() -> tuple[type[Exception], ...]:
     from replay.audit_common import AuditInputError
     from replay.caselog import UnknownRun
     from replay.counterfactual import CounterfactualError
+    from replay.environment import EnvironmentUnavailable
     from replay.export import ExportError
     from replay.order_replay import ReplayInputError
     from replay.verify import NotVerifiable
 
     return BAD_INPUT + (UnknownRun, AuditInputError, CounterfactualError, ExportError, ReplayInputError,
-                        NotVerifiable)
+                        NotVerifiable, EnvironmentUnavailable)
 
 
 def _open(db: str, as_json: bool, read_only: bool):
@@ -131,6 +132,13 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
                 n_workers = 1
             elif live_fallthrough or base_url:
                 notes.append("--live-fallthrough/--base-url ignored: this replay calls no model")
+            if plan.environment is not None:
+                notes.append(f"FHIR run: the MedAgentBench environment of {source} rebuilt from its recorded files "
+                             "(sha256 checked), opened once; runs execute one after the other in this process "
+                             "(workers=1)")
+                if workers and workers > 1:
+                    notes.append(f"--workers {workers} ignored: the FHIR sandbox is not sent to worker processes")
+                n_workers = 1
             bar = _progress(len(plan.runs), "runs", as_json)
             try:
                 result = execute_plan(store, make_cache(store), plan, workers=n_workers,

@@ -22,8 +22,8 @@ from typing import Iterator
 from handlers.cases import CaseFileError, FhirCase
 from handlers.environments.base import EnvironmentRecord, FileRef
 
-SUPPORTED_POLICIES = ("evo-medagent", "none")
-"""Policies whose stages handle FHIR tasks today; the others refuse them up front."""
+SUPPORTED_POLICIES = ("evo-medagent", "none", "skemex", "selsm", "retrosum")
+"""Policies whose stages handle FHIR tasks (every shipped one); another refuses them up front."""
 SIM_NOTE = ("sim agent: scripted for the official MedAgentBench task templates, not a model; its accuracy is "
             "not a clinical measure")
 

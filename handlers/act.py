@@ -50,6 +50,9 @@ async def act_fhir(ctx: RunContext, view: FhirCaseView, memory: MemoryRetrieved,
     if act_on is None:
         raise ActError(f"case {view.case_id}: the {ctx.backbone.name} backbone cannot act on FHIR tasks")
     extra = {"recorder": stage_recorder(ctx.writer, view.case_id, "act")} if records_exchanges(ctx.backbone) else {}
+    step_memory = ctx.mechanism.step_memory(ctx, view, memory)
+    if step_memory is not None:  # per-step retrieval (SELSM), as for MCQ cases
+        extra["step_memory"] = step_memory
     env = ctx.environment
     try:
         answer = await act_on(view, memory, tools, **extra)

@@ -6,7 +6,7 @@ validated case, so a run can be re-executed, or re-ordered, from its own log alo
 
 from __future__ import annotations
 
-from handlers.cases import Case
+from handlers.cases import Case, FhirCase
 from handlers.runs import RunSpec, read_spec
 from store.event_types import CaseReceived, MemorySeeded
 from store.eventstore import EventStore
@@ -27,21 +27,18 @@ def require_spec(store: EventStore, run_id: str) -> RunSpec:
 
 
 class NotReplayable(UnknownRun):
-    """The run's cases need an environment this path cannot rebuild (bad input: exit code 2)."""
+    """The run cannot be replayed as asked (bad input: exit code 2)."""
 
 
-def case_log(store: EventStore, run_id: str) -> list[Case]:
-    """The cases of a run in the order it received them."""
-    cases = []
+def case_log(store: EventStore, run_id: str) -> list[Case | FhirCase]:
+    """The cases of a run in the order it received them. FHIR tasks (`FhirCase`) need the run's
+    environment to be re-executed: `replay.environment` rebuilds it from the `run.started` meta."""
+    cases: list[Case | FhirCase] = []
     for e in store.iter(run_id, types=[CaseReceived.event_type]):
         received = e.decode()
         assert isinstance(received, CaseReceived)
-        if received.case.get("kind") == "fhir":
-            # FHIR tasks need their environment (FHIR server, grading) rebuilt; only `grandrounds verify`
-            # does that so far (replay/verify.py `reopen_environment`).
-            raise NotReplayable(f"run {run_id!r} holds MedAgentBench FHIR tasks: order replays of FHIR runs are "
-                                "not supported yet (grandrounds verify re-executes them)")
-        cases.append(Case.model_validate(received.case))
+        model = FhirCase if received.case.get("kind") == "fhir" else Case
+        cases.append(model.model_validate(received.case))
     return cases
 
 

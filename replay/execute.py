@@ -75,7 +75,11 @@ def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec
     how to resume a case from its recorded stages. `environment`: the tool-task environment
     FHIR cases need (opened by the caller, as `grandrounds run` does).
     """
-    ctx, _ = open_run(store, run_id, spec, cache, seeded=seeded, **(backbone_options or {}))
+    # A tool-task run records its environment in the `run.started` meta, as `grandrounds run` does, so
+    # it can be verified and replayed in turn (meta: never part of the fingerprint).
+    record = getattr(environment, "record", None)
+    ctx, _ = open_run(store, run_id, spec, cache, seeded=seeded,
+                      started_meta=record.meta() if record is not None else None, **(backbone_options or {}))
     ctx.environment = environment
 
     async def drive() -> int:
@@ -114,15 +118,16 @@ def completed_cases(store: EventStore, run_id: str) -> int:
 
 
 def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob,
-             backbone_options: dict | None = None) -> JobResult:
-    """Execute `job` here. A run that raises (a `ReplayDivergence`, say) leaves nothing in `target`."""
+             backbone_options: dict | None = None, environment=None) -> JobResult:
+    """Execute `job` here. A run that raises (a `ReplayDivergence`, say) leaves nothing in `target`.
+    `environment`: the tool-task environment its FHIR cases need (opened by the caller)."""
     t0 = time.perf_counter()
     misses0 = cache.misses
     with EventStore(":memory:") as scratch:
         existing = target.read(job.run_id)
         scratch.import_events(existing)
         _, processed = execute(scratch, cache, job.run_id, job.spec, job.cases, backbone_options=backbone_options,
-                               checkpoint=False, seeded=job.seeded)
+                               checkpoint=False, seeded=job.seeded, environment=environment)
         target.import_events(scratch.read(job.run_id, after_seq=existing[-1].seq if existing else -1))
     cache.flush()
     return JobResult(job.run_id, processed, time.perf_counter() - t0, cache.misses - misses0)
@@ -190,12 +195,16 @@ def _keep_vectors(target: EventStore, rows: list[tuple]) -> None:
 
 def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], workers: int = 1,
              on_done: Callable[[RunJob, JobResult], None] | None = None,
-             backbone_options: Callable[[RunJob], dict] | None = None) -> list[JobResult]:
+             backbone_options: Callable[[RunJob], dict] | None = None,
+             environment=None) -> list[JobResult]:
     """Execute every job; runs already complete in `target` are left as they are.
 
     `backbone_options(job)`, when given, builds the backbone options of each job right before
     it executes (a model client, recorded exchanges that serving consumes): such jobs run in
     this process, one after the other — model clients are not sent to worker processes.
+    `environment`, when given, is the tool-task environment (a FHIR sandbox) every job's cases
+    are executed against: such jobs also run here, one after the other (a server is not sent to
+    worker processes); each case gets fresh tools from it.
     """
     todo = [j for j in jobs if completed_cases(target, j.run_id) < len(j.cases)]
     todo_ids = {j.run_id for j in todo}
@@ -205,10 +214,12 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
             results[j.run_id] = JobResult(j.run_id, 0, 0.0)
             if on_done:
                 on_done(j, results[j.run_id])
-    workers = 1 if backbone_options is not None else max(1, min(workers, len(todo)))
+    in_process = backbone_options is not None or environment is not None
+    workers = 1 if in_process else max(1, min(workers, len(todo)))
     if workers == 1:
         for j in todo:
-            results[j.run_id] = run_here(target, cache, j, backbone_options(j) if backbone_options else None)
+            results[j.run_id] = run_here(target, cache, j, backbone_options(j) if backbone_options else None,
+                                         environment=environment)
             if on_done:
                 on_done(j, results[j.run_id])
         return [results[j.run_id] for j in jobs]

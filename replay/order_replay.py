@@ -13,21 +13,32 @@ not hold is a `ReplayDivergence` (the run is abandoned, nothing of it is written
 fall-through is allowed; then the model is called and the run's `llm_calls` says how many
 calls were served from the record and how many went live. Such runs execute one after the
 other in this process: model clients are not sent to worker processes.
+
+A run of MedAgentBench FHIR tasks (`grandrounds run --env medagentbench`) is replayed against its
+environment built again from the files its `run.started` meta records (checked against their
+hashes first: a moved or changed file is refused, exit code 2, as `grandrounds verify` does). The
+environment is opened once for the whole plan and its runs execute one after the other in this
+process (a sandbox is not sent to worker processes); each case gets fresh FHIR tools, so runs share
+no trajectory. The sandbox only records POSTs (what later GETs return never changes), so sharing it
+between runs cannot make one run's events depend on another's.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
-from handlers.cases import Case
+from handlers.cases import Case, FhirCase
+from handlers.environments.base import EnvironmentRecord
 from handlers.llm.errors import ReplayDivergence
 from handlers.llm.record import RecordedExchanges
 from handlers.policies.config import PolicyConfig
 from handlers.runs import RunMismatch, RunSpec, read_spec
 from replay.caselog import case_log, require_spec, seeded_memory
+from replay.environment import check_environment, recorded_environment, reopen_environment
 from replay.counterfactual import derived_spec, is_counterfactual, variant_tag
 from replay.execute import JobResult, RunJob, run_jobs
 from replay.permutations import permutations
@@ -68,8 +79,10 @@ class ReplayPlan:
     spec: RunSpec
     seed: int
     tag: str | None
-    cases: list[Case]
+    cases: list[Case | FhirCase]
     runs: list[PlannedRun]
+    environment: EnvironmentRecord | None = None
+    """A FHIR run's environment (rebuilt for the replay), None for an MCQ run."""
 
     @property
     def served_from_record(self) -> bool:
@@ -90,6 +103,9 @@ def plan_replay(store: EventStore, source: str, count: int, seed: int, *, policy
     cases = case_log(store, source)
     if not cases:
         raise ReplayInputError(f"run {source!r} has received no cases: nothing to replay")
+    environment = recorded_environment(store, source)
+    if environment is not None:  # FHIR tasks: refuse up front when the files moved or changed
+        check_environment(environment, source, source_spec.source, cases, what="replay", store=store)
     if backbone == "record" and source_spec.backbone in MODEL_BACKBONES:
         backbone = None  # model runs are always replayed through the record backend; keep the source's spec
     spec = derived_spec(source_spec, source, policy=policy, backbone=backbone, model=model,
@@ -101,6 +117,13 @@ def plan_replay(store: EventStore, source: str, count: int, seed: int, *, policy
             f"run {source!r} used the {source_spec.backbone!r} backbone: it recorded no model exchanges to "
             f"serve, so its case log cannot be replayed with {spec.backbone!r}: replay it with --backbone sim "
             "(the default for a sim run)")
+    if environment is not None:
+        import grandrounds.fhir_run as fhir_run
+
+        supported = getattr(fhir_run, "SUPPORTED_POLICIES", None)
+        if supported is not None and spec.policy.name not in supported:
+            raise ReplayInputError(f"run {source!r} holds MedAgentBench FHIR tasks: policy {spec.policy.name!r} "
+                                   f"does not handle them yet (use {' or '.join(supported)})")
     if tag is None and is_counterfactual(source_spec, spec):
         tag = variant_tag(spec, ablations)
     stem = f"{source}-{tag}" if tag else source
@@ -117,7 +140,7 @@ def plan_replay(store: EventStore, source: str, count: int, seed: int, *, policy
         if existing is not None and existing != spec:
             raise RunMismatch(f"run {r.run_id!r} already exists with a different configuration; "
                               "pass --tag NAME to name this replay's runs differently")
-    return ReplayPlan(source, source_spec, spec, seed, tag, cases, runs)
+    return ReplayPlan(source, source_spec, spec, seed, tag, cases, runs, environment)
 
 
 def execute_plan(store: EventStore, cache: EmbeddingCache, plan: ReplayPlan, workers: int = 1,
@@ -128,7 +151,8 @@ def execute_plan(store: EventStore, cache: EmbeddingCache, plan: ReplayPlan, wor
     For a model-backed plan, each run is served the source's recorded exchanges (a fresh copy
     per run), in this process (`workers` is then 1); `live_fallthrough` calls the model at
     `base_url` (else OPENAI_BASE_URL) for a request the record does not hold, instead of
-    raising `PermutationDiverged`.
+    raising `PermutationDiverged`. A FHIR plan's environment is opened here, once, for all its runs
+    (in this process: `workers` is then 1).
     """
     t0 = time.perf_counter()
     by_id = {r.run_id: r for r in plan.runs}
@@ -143,10 +167,16 @@ def execute_plan(store: EventStore, cache: EmbeddingCache, plan: ReplayPlan, wor
                     "live_fallthrough": live_fallthrough, "base_url": base_url}
 
         options = recorded_options
+    opened = nullcontext(None)
+    if plan.environment is not None:
+        workers = 1
+        opened = reopen_environment(plan.environment, plan.source, plan.source_spec.source, plan.cases,
+                                    what="replay", store=store)
     try:
-        results = run_jobs(store, cache, [r.job for r in plan.runs], workers=workers,
-                           on_done=(lambda j, res: on_run(by_id[j.run_id], res)) if on_run else None,
-                           backbone_options=options)
+        with opened as environment:
+            results = run_jobs(store, cache, [r.job for r in plan.runs], workers=workers,
+                               on_done=(lambda j, res: on_run(by_id[j.run_id], res)) if on_run else None,
+                               backbone_options=options, environment=environment)
     except ReplayDivergence as exc:
         if not current or isinstance(exc, PermutationDiverged):
             raise
@@ -159,6 +189,8 @@ def execute_plan(store: EventStore, cache: EmbeddingCache, plan: ReplayPlan, wor
     result = replay_result(store, plan, results, workers, elapsed)
     if plan.served_from_record:
         result["live_fallthrough"] = live_fallthrough
+    if plan.environment is not None:
+        result["environment"] = plan.environment.name
     return result
 
 

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers.cases import FhirCase
-from handlers.environments.base import META_KEY, EnvironmentRecord
+from handlers.environments.base import EnvironmentRecord
 from replay.caselog import case_log, require_spec, seeded_memory
+from replay.environment import EnvironmentUnavailable, fhir_case_log  # noqa: F401 (fhir_case_log: re-exported)
+from replay.environment import recorded_environment as _recorded_environment
+from replay.environment import reopen_environment as _reopen_environment
 from replay.execute import execute
 from store.canonical import canonical_json
 from store.embeddings import EmbeddingCache
@@ -24,7 +27,7 @@ from store.eventstore import EventStore
 from store.events import StoredEvent
 
 
-class NotVerifiable(ValueError):
+class NotVerifiable(EnvironmentUnavailable):
     """The run cannot be re-executed here (bad input: exit code 2)."""
 
 
@@ -103,7 +106,7 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache) -> dict:
         opened = nullcontext(None)
     else:
         cases = fhir_case_log(store, run_id)
-        opened = reopen_environment(record, run_id, spec.source, cases)
+        opened = reopen_environment(record, run_id, spec.source, cases, store)
     head = store.last_seq(run_id)
     completed = store.conn.execute(
         "SELECT count(*) FROM events WHERE run_id = ? AND type = 'case.completed'", [run_id]).fetchone()[0]
@@ -143,36 +146,14 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache) -> dict:
 
 
 # --- runs of tool tasks (MedAgentBench): their environment is rebuilt from the recorded files --------
+# (shared with order replays: replay/environment.py)
 
 
 def recorded_environment(store: EventStore, run_id: str) -> EnvironmentRecord | None:
-    """The environment a run was made in (`run.started` meta), or None for an MCQ run. A run holding
-    FHIR tasks without that record cannot be re-executed (NotVerifiable)."""
-    first = store.read(run_id, upto_seq=0)[0]
-    data = first.meta.get(META_KEY)
-    if data:
-        return EnvironmentRecord.model_validate(data)
-    for e in store.iter(run_id, types=["case.received"]):
-        if e.payload["case"].get("kind") == "fhir":
-            raise NotVerifiable(f"run {run_id!r} holds FHIR tasks but no record of the environment they ran in: "
-                                "it cannot be re-executed")
-        break
-    return None
+    return _recorded_environment(store, run_id, error=NotVerifiable)
 
 
-def fhir_case_log(store: EventStore, run_id: str) -> list[FhirCase]:
-    return [FhirCase.model_validate(e.payload["case"]) for e in store.iter(run_id, types=["case.received"])]
-
-
-def reopen_environment(record: EnvironmentRecord, run_id: str, source: str | None, cases: list[FhirCase]):
+def reopen_environment(record: EnvironmentRecord, run_id: str, source: str | None, cases: list[FhirCase],
+                       store: EventStore | None = None):
     """The run's MedAgentBench environment built again (a fresh sandbox), once its files check out."""
-    from handlers.environments.medagentbench_env import open_environment
-
-    for ref in (record.funcs, record.patients):
-        problem = ref.check() if ref is not None else None
-        if problem:
-            raise NotVerifiable(f"cannot rebuild the MedAgentBench environment of run {run_id!r}: {problem}; "
-                                "verify re-executes the run against the same function specs and patient snapshot")
-    if record.source(cases) != source:
-        raise NotVerifiable(f"run {run_id!r}: the environment recorded with it does not match its spec's source")
-    return open_environment(record)
+    return _reopen_environment(record, run_id, source, cases, what="verify", error=NotVerifiable, store=store)

@@ -107,9 +107,11 @@ def test_two_runs_give_the_same_fingerprint_and_verify_is_identical(sim_run, tas
     code, ver = _invoke(["verify", "--db", str(db), out["run_id"]])
     assert code == 0, ver
     assert ver["identical"] and ver["replayed_fingerprint"] == out["fingerprint"] and ver["cases"] == 8
-    # Order replays cannot rebuild the environment yet: they say so instead of failing on the case log.
-    code, rep = _invoke(["replay", "--db", str(db), "--from", out["run_id"], "--permutations", "1"])
-    assert code == 2 and "FHIR tasks" in rep["error"]
+    # Order replays rebuild the environment too (more in test_fhir_replay.py).
+    copy = tmp_path / "replay.duckdb"
+    shutil.copy(db, copy)
+    code, rep = _invoke(["replay", "--db", str(copy), "--from", out["run_id"], "--permutations", "1"])
+    assert code == 0 and rep["environment"] == "medagentbench" and rep["runs"][0]["accuracy"] == 1.0, rep
 
 
 def test_policy_none_runs_fhir_tasks_without_writing_memory(tasks, tmp_path):
@@ -135,7 +137,6 @@ def test_verify_refuses_when_the_environment_files_changed(tasks, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--task-type", "4", "--task-type", "6"], "task types 4, 6 read lab data"),
-    (["--policy", "skemex"], "does not handle FHIR tasks yet"),
     (["--sim-tool", "x=0.5"], "--sim-tool"),
     (["--fhir-base", "http://localhost:8080/fhir/"], "either --patients"),
 ])

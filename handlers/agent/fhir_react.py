@@ -17,13 +17,14 @@ from datetime import datetime
 
 from handlers.agent.guard import FINAL_NOTICE, HistoryTurn, render
 from handlers.agent.protocol import _TAG, Turn
-from handlers.agent.react import AgentConfig
+from handlers.agent.react import AgentConfig, step_guidance
 from handlers.backbones.base import CaseFailure
 from handlers.cases import FhirCaseView
 from handlers.environments.medagentbench import NOW, TASK8_COMMENT, FhirTools, calculate_age, finish_payload
 from handlers.llm.errors import LLMUnavailable
 from handlers.llm.gateway import LLMGateway
 from handlers.llm.recorder import Recorder
+from handlers.policies.base import StepMemory, agent_state
 from store.event_types import AgentStep, AnswerGiven
 
 FHIR_SYSTEM = """You are an expert in using FHIR functions to assist medical professionals.
@@ -89,15 +90,25 @@ def parse_fhir_turn(text: str, tools: list[str], tools_allowed: bool = True) -> 
 
 
 async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirTools, recorder: Recorder,
-                         cfg: AgentConfig = AgentConfig(), memory_prefix: str = "") -> AnswerGiven:
+                         cfg: AgentConfig = AgentConfig(), memory_prefix: str = "",
+                         step_memory: StepMemory | None = None) -> AnswerGiven:
+    """`step_memory`: per-step retrieval (SELSM), called before every decision with the trajectory
+    state, as the MCQ loop does; its items are shown under "## Guidance for this step" and recorded
+    as a `memory` step (their ids)."""
     system = FHIR_SYSTEM.format(max_steps=cfg.max_steps, functions=functions_block(tools))
     task = fhir_task_prompt(view, memory_prefix)
     history: list[HistoryTurn] = []
+    transitions: list[tuple[str, str]] = []
     steps: list[AgentStep] = []
     for step in range(1, cfg.max_steps + 1):
         final = step == cfg.max_steps
+        shown = ""
+        if step_memory is not None:  # SELSM: retrieval before every decision, recorded by id
+            items = step_memory(agent_state(view.question, transitions))
+            steps.append(AgentStep(kind="memory", content=",".join(i.item_id for i in items)))
+            shown = step_guidance(items)
         messages = [{**m, "content": m["content"].replace(FINAL_NOTICE, FHIR_FINAL_NOTICE)}
-                    for m in render(system, task, history, step, final, cfg.guard)]
+                    for m in render(system, task + shown, history, step, final, cfg.guard)]
         try:
             reply = await gateway.complete(messages, recorder, f"fhir-step-{step}")
         except LLMUnavailable as exc:
@@ -113,8 +124,10 @@ async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirToo
             steps.append(AgentStep(kind="tool", content=json.dumps({"name": turn.tool, "arguments": turn.arguments},
                                                                    sort_keys=True)))
             finding = not observation.startswith(("Error", "Invalid"))
+            transitions.append((f"call {turn.tool}", observation))
         else:
             observation, finding = turn.error or "format error", False
+            transitions.append(("invalid action", observation))
         steps.append(AgentStep(kind="observation", content=observation))
         history.append(HistoryTurn(reply.text, observation, turn.signature, finding))
     raise CaseFailure(f"no FINISH after {cfg.max_steps} steps", steps)
@@ -127,11 +140,16 @@ _NAME_DOB = re.compile(r"name (.+?) and DOB of (\d{4}-\d{2}-\d{2})")
 _BP = re.compile(r'"(\d+/\d+ mmHg)"')
 
 
-def sim_fhir_agent(view: FhirCaseView, tools: FhirTools) -> AnswerGiven:
+def sim_fhir_agent(view: FhirCaseView, tools: FhirTools, step_memory: StepMemory | None = None) -> AnswerGiven:
     """A scripted, deterministic agent that follows the official task templates: it solves task types
     1, 2, 3 and 8 through the FHIR functions (so the whole path runs offline) and answers the lab tasks
-    from whatever the server returns (the sandbox has no labs, so those come back as [-1] / no order)."""
+    from whatever the server returns (the sandbox has no labs, so those come back as [-1] / no order).
+    With per-step retrieval (SELSM) it retrieves once, from the query state, as the MCQ sim does, and
+    records what was retrieved; being scripted, it does not act on it."""
     steps: list[AgentStep] = []
+    if step_memory is not None:
+        shown = step_memory(agent_state(view.question, []))
+        steps.append(AgentStep(kind="memory", content=",".join(i.item_id for i in shown)))
 
     def call(name: str, args: dict) -> str:
         steps.append(AgentStep(kind="tool", content=json.dumps({"name": name, "arguments": args}, sort_keys=True)))

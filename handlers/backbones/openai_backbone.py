@@ -109,15 +109,15 @@ class OpenAIBackbone:
             raise CaseFailure(f"model unavailable: {exc}") from None
 
     async def act_fhir(self, view: FhirCaseView, memory: MemoryRetrieved, tools,
-                       recorder: Recorder | None = None) -> AnswerGiven:
+                       recorder: Recorder | None = None, step_memory=None) -> AnswerGiven:
         """A FHIR task through the environment's tools (`FhirTools`): the FHIR ReAct loop, with the
-        run's memory in the task prompt's memory block."""
+        run's memory in the task prompt's memory block (and per-step guidance when the policy has it)."""
         from handlers.agent.fhir_react import fhir_memory_block, run_fhir_agent
 
         if recorder is None:
             raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
         return await run_fhir_agent(self.gateway, view, tools, recorder, self.agent,
-                                    memory_prefix=fhir_memory_block(memory.prefix))
+                                    memory_prefix=fhir_memory_block(memory.prefix), step_memory=step_memory)
 
     async def reflect(self, case: Case, memory: MemoryRetrieved, answer: AnswerGiven, feedback: FeedbackRecorded,
                       recorder: Recorder | None = None) -> ReflectionRecorded:

@@ -121,11 +121,12 @@ class SimBackbone:
         calls = [ToolCall(tool=t, label=l, output=o, adopted=o is not None and o == answer) for t, l, o in outputs]
         return AnswerGiven(answer=answer, source=source, steps=steps, tool_calls=calls)
 
-    async def act_fhir(self, view: FhirCaseView, memory: MemoryRetrieved, tools) -> AnswerGiven:
-        """A FHIR task through the environment's tools (`FhirTools`): the scripted template agent."""
+    async def act_fhir(self, view: FhirCaseView, memory: MemoryRetrieved, tools, step_memory=None) -> AnswerGiven:
+        """A FHIR task through the environment's tools (`FhirTools`): the scripted template agent
+        (per-step retrieval, SELSM's, is called and recorded; the script does not follow it)."""
         from handlers.agent.fhir_react import sim_fhir_agent
 
-        return sim_fhir_agent(view, tools)
+        return sim_fhir_agent(view, tools, step_memory)
 
     async def reflect(self, case: Case, memory: MemoryRetrieved, answer: AnswerGiven,
                       feedback: FeedbackRecorded) -> ReflectionRecorded:

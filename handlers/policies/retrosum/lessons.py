@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.cases import Case
+from handlers.cases import Case, FhirCase
 from handlers.policies.base import ModelTask
+from handlers.policies.fhir_lessons import fhir_terms, procedure, task_label, verdict_line
 from handlers.text import key_terms
 from store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem
 
@@ -68,7 +69,44 @@ Lessons must be general clinical reasoning: no patient identifiers, ages, dates 
 nothing that only restates the instructions. Write no lesson rather than a vague one."""
 
 
+FHIR_SYSTEM = """You are the hindsight auditor of an EHR agent's experience bank. The agent does MedAgentBench
+tasks through FHIR functions (GET reads, POST writes) and answers with FINISH([...]); the official grader
+checks its calls and its FINISH list. After each task you see the instruction and its context, the agent's
+whole trajectory, the lessons it was shown, what it finished with and the grader's verdict. Knowing the
+outcome, find what decided it, and write reusable lessons:
+- actor_lessons (at most {max_actor}): how to do a task of this template: which FHIR calls (resource type,
+  search parameters, payload fields) and which FINISH list it needs; when the agent was wrong, what the
+  grader refused and what to do instead. Give each lesson a trigger: 4-10 key terms of the task template.
+- summariser_lessons (at most {max_summariser}): what a summary of such a trajectory must keep (the values
+  a response returned that the answer needs). Leave it empty when nothing applies.
+Lessons must transfer to other patients: no patient names, identifiers, dates, hosts or values of this task,
+and nothing that only restates the instructions. Write no lesson rather than a vague one."""
+
+
+def fhir_lesson_prompt(case: FhirCase, answer: AnswerGiven, fb: FeedbackRecorded, shown: list[MemoryItem]) -> str:
+    trace = "\n".join(f"{s.kind}: {s.content[:1500]}" for s in answer.steps) or "(no steps recorded)"
+    taught = "\n".join(f"- ({i.detail.get('audience', 'actor')}) {i.text}" for i in shown) or "(none)"
+    verdict = "correct" if fb.correct else "wrong"
+    return (f"## FHIR task (type {case.task_type}, category: {case.category})\n{case.instruction}\n\n"
+            f"## Context\n{case.context}\n\n## Lessons the agent was shown\n{taught}\n\n"
+            f"## Agent trajectory\n{trace}\n\n## Outcome\nAgent finished with {answer.answer} (via "
+            f"{answer.source}); graded {verdict} by {fb.gold}.")
+
+
+def offline_fhir_lessons(case: FhirCase, answer: AnswerGiven, fb: FeedbackRecorded) -> ExperienceDraft:
+    """The `sim` lesson writer on a FHIR task: the template's key terms and the trajectory's action
+    pattern (resource types, parameter and field names, FINISH shape), kept on success and flagged on
+    failure. No summariser lesson: the FHIR agent loop writes no retrospective summary."""
+    terms = fhir_terms(case.instruction)
+    label, pattern = task_label(terms), procedure(answer.steps, answer.answer)
+    text = (f"For {label}: {pattern}; {verdict_line(True)}." if fb.correct else
+            f"For {label}: {pattern} — {verdict_line(False)}.")
+    return ExperienceDraft(actor_lessons=[LessonDraft(text=text, trigger=terms)], summariser_lessons=[])
+
+
 def lesson_prompt(case: Case, answer: AnswerGiven, fb: FeedbackRecorded, shown: list[MemoryItem]) -> str:
+    if case.kind == "fhir":
+        return fhir_lesson_prompt(case, answer, fb, shown)
     options = "\n".join(f"{k}) {v}" for k, v in case.options.items())
     trace = "\n".join(f"{s.kind}: {s.content}" for s in answer.steps) or "(no steps recorded)"
     summaries = [s.content for s in answer.steps if s.kind == "summary"]
@@ -88,6 +126,8 @@ def offline_lessons(case: Case, answer: AnswerGiven, fb: FeedbackRecorded) -> Ex
     letter, with the case's key terms as trigger, so a later case of the same presentation
     can follow it. No lesson names a wrong option's text: the sim follows any option a
     lesson names."""
+    if case.kind == "fhir":
+        return offline_fhir_lessons(case, answer, fb)
     terms = key_terms(case.question)
     gold_text = case.options[case.answer]
     actor = [LessonDraft(text=f"When the presentation includes {', '.join(terms[:8])}: favour '{gold_text}'.",
@@ -105,6 +145,7 @@ def offline_lessons(case: Case, answer: AnswerGiven, fb: FeedbackRecorded) -> Ex
 def lesson_task(case: Case, answer: AnswerGiven, fb: FeedbackRecorded, shown: list[MemoryItem],
                 max_actor: int, max_summariser: int) -> ModelTask[ExperienceDraft]:
     return ModelTask(purpose=PURPOSE,
-                     system=SYSTEM.format(max_actor=max_actor, max_summariser=max_summariser),
+                     system=(FHIR_SYSTEM if case.kind == "fhir" else SYSTEM).format(
+                         max_actor=max_actor, max_summariser=max_summariser),
                      prompt=lesson_prompt(case, answer, fb, shown), response=ExperienceDraft,
                      offline=lambda: offline_lessons(case, answer, fb))

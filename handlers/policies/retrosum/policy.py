@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from handlers.cases import Case
 from handlers.policies.base import SUMMARISER, MemoryPolicy, ask_or_fail
+from handlers.policies.fhir_lessons import fhir_terms
 from handlers.policies.render import render_items
 from handlers.policies.retrosum.config import RetroSumPolicy
 from handlers.policies.retrosum.lessons import ExperienceDraft, LessonDraft, lesson_task, patient_context
@@ -106,7 +107,8 @@ class RetroSumMemory(MemoryPolicy):
         if isinstance(draft, CaseFailed):
             return draft
         assert isinstance(draft, ExperienceDraft)
-        actor = _lessons(draft.actor_lessons, cfg.max_actor_lessons, key_terms(case.question))
+        terms = fhir_terms(case.instruction) if case.kind == "fhir" else key_terms(case.question)
+        actor = _lessons(draft.actor_lessons, cfg.max_actor_lessons, terms)
         summariser = _lessons(draft.summariser_lessons, cfg.max_summariser_lessons, None)
         if not (actor or summariser):
             return None  # nothing worth keeping: an empty experience would only crowd out others

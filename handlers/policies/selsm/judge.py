@@ -17,8 +17,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.cases import Case
+from handlers.cases import Case, FhirCase
 from handlers.policies.base import ModelTask, agent_state
+from handlers.policies.fhir_lessons import calls_of, fhir_terms, procedure, task_label, verdict_line
 from handlers.text import key_terms
 from store.event_types import AgentStep, AnswerGiven
 from store.selsm_events import JudgedStep, LogicalSkill
@@ -123,9 +124,14 @@ this case. Describe findings and rules generically so they transfer to other pat
 which option answers a presentation, name that option's text in the Canonical Example."""
 
 
+FHIR_NOTE = ("This is a MedAgentBench FHIR task: the agent acts in an EHR through FHIR functions (GET reads, POST "
+             "writes) and ends with FINISH([...]); the official grader checks the calls and the FINISH list. Skills "
+             "describe the FHIR calls by resource type, search parameter and payload field names (e.g. 'GET "
+             "Patient?identifier=…'), never with a host, an identifier, a name, a date or a value.")
+
+
 def judge_prompt(case: Case, decisions: list[Decision], answer: AnswerGiven, correct: bool,
-                 reasoning_shown: bool) -> str:
-    options = "\n".join(f"{k}) {v}" for k, v in case.options.items())
+                 reasoning_shown: bool, gold: str = "") -> str:
     rounds = []
     for d in decisions:
         lines = [f"### Round {d.round}"]
@@ -138,6 +144,11 @@ def judge_prompt(case: Case, decisions: list[Decision], answer: AnswerGiven, cor
             lines.append(f"observation: {d.observation}")
         rounds.append("\n".join(lines))
     verdict = "correct" if correct else "wrong"
+    if case.kind == "fhir":
+        return (f"## FHIR task (type {case.task_type}, category: {case.category})\n{FHIR_NOTE}\n\n"
+                f"{case.instruction}\n\n## Context\n{case.context}\n\n## Trajectory\n" + "\n\n".join(rounds) +
+                f"\n\n## Outcome\nThe agent finished with {answer.answer}: graded {verdict} by {gold or case.answer}.")
+    options = "\n".join(f"{k}) {v}" for k, v in case.options.items())
     return (f"## Case (category: {case.category})\n{case.question}\n\nOptions:\n{options}\n\n"
             f"## Trajectory\n" + "\n\n".join(rounds) +
             f"\n\n## Outcome\nThe agent answered {answer.answer} ({verdict}); the correct answer is "
@@ -151,6 +162,8 @@ def offline_verdict(case: Case, decisions: list[Decision], answer: AnswerGiven, 
     Canonical Example names the gold option's text, triggered by the case's key terms; tool
     rounds are labelled by whether the tool's output was the gold option and name no option.
     """
+    if case.kind == "fhir":
+        return offline_fhir_verdict(case, decisions, answer, correct)
     gold_text = case.options[case.answer]
     terms = key_terms(case.question)
     shown = ", ".join(terms[:6])
@@ -192,11 +205,59 @@ def offline_verdict(case: Case, decisions: list[Decision], answer: AnswerGiven, 
     return JudgeVerdict(steps=out)
 
 
+def offline_fhir_verdict(case: FhirCase, decisions: list[Decision], answer: AnswerGiven,
+                         correct: bool) -> JudgeVerdict:
+    """The sim judge on a FHIR trajectory: every round is labelled by the graded outcome (the grader
+    judges the whole trajectory: the calls and the FINISH list), and its skill names the task
+    template's key terms and the call (or the whole action pattern, for the FINISH round) by resource
+    type and parameter names only, so it passes the entity checker."""
+    terms = fhir_terms(case.instruction)
+    label = task_label(terms)
+    pattern = procedure(answer.steps, answer.answer)
+    calls = iter(calls_of(answer.steps))
+    mark = "+" if correct else "-"
+    out: list[StepVerdict] = []
+    for d in decisions:
+        if d.action.startswith("call "):
+            call = next(calls, d.action)
+            out.append(StepVerdict(
+                round=d.round, label=mark, category="API Protocol",
+                task_scenario=f"{label}: the agent calls a FHIR function.",
+                generalized_logic=(f"The call {call} was part of the pattern the grader accepted: make it with "
+                                   "the instruction's own values in those parameters or fields." if correct else
+                                   f"The call {call} was part of a pattern the grader refused: check the "
+                                   "resource and the parameters or fields the task needs before calling."),
+                canonical_example=f"For {label}: {call}.",
+                error_avoidance="Do not put values of another patient or task into the call; do not call "
+                                "functions the task does not need.",
+                trigger=terms))
+        elif d.action.startswith("answer "):
+            out.append(StepVerdict(
+                round=d.round, label=mark, category="Data Extraction",
+                task_scenario=f"{label}: the agent finishes the task.",
+                generalized_logic=(f"Complete the pattern, then finish: {pattern}." if correct else
+                                   f"The pattern {pattern} was refused; {verdict_line(False)}."),
+                canonical_example=f"For {label}: {pattern}.",
+                error_avoidance="Do not finish before the calls the task needs are made, and put only what the "
+                                "task asks back into the FINISH list.",
+                trigger=terms))
+        else:
+            out.append(StepVerdict(
+                round=d.round, label="-", category="API Protocol",
+                task_scenario="An agent turn that broke the action protocol.",
+                generalized_logic="Each turn needs reasoning followed by exactly one function call or one FINISH.",
+                canonical_example="Reason briefly, then give exactly one tagged action.",
+                error_avoidance="Do not emit untagged or multiple actions in one turn.",
+                trigger=terms))
+    return JudgeVerdict(steps=out)
+
+
 def judge_task(case: Case, decisions: list[Decision], answer: AnswerGiven, correct: bool,
-               reasoning_shown: bool) -> ModelTask[JudgeVerdict]:
+               reasoning_shown: bool, gold: str = "") -> ModelTask[JudgeVerdict]:
+    """`gold`: for a FHIR task, the grader's verdict (`refsol:taskN: reason`) shown in the outcome."""
     return ModelTask(
         purpose="selsm-step-judge", system=JUDGE_SYSTEM,
-        prompt=judge_prompt(case, decisions, answer, correct, reasoning_shown), response=JudgeVerdict,
+        prompt=judge_prompt(case, decisions, answer, correct, reasoning_shown, gold), response=JudgeVerdict,
         offline=lambda: offline_verdict(case, decisions, answer, correct))
 
 
@@ -218,6 +279,7 @@ def judged_steps(verdict: JudgeVerdict, decisions: list[Decision], case: Case,
             logic=v.generalized_logic.strip() if operational_logic else "",
             example=v.canonical_example.strip(),
             avoidance=v.error_avoidance.strip() if operational_logic else "",
-            trigger=[t.strip().lower() for t in v.trigger if t.strip()] or key_terms(case.question))
+            trigger=[t.strip().lower() for t in v.trigger if t.strip()] or
+            (fhir_terms(case.question) if case.kind == "fhir" else key_terms(case.question)))
         out.append(JudgedStep(round=d.round, action=d.action, skill=skill))
     return out

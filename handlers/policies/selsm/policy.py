@@ -97,6 +97,15 @@ async def collect_training_trajectories(ctx, case: Case, memory: MemoryRetrieved
                  if records_exchanges(ctx.backbone) else {})
         if step_memory is not None:
             extra["step_memory"] = step_memory
+        if case.kind == "fhir":  # a re-run through fresh FHIR tools (a real server is only read)
+            env = ctx.environment
+            tools = env.tools_for(case)
+            try:
+                answer = await ctx.backbone.act_fhir(view, memory, tools, **extra)
+            except CaseFailure:
+                continue
+            out.append((k, answer.model_copy(update={"steps": env.recorded_steps(answer.steps, tools)})))
+            continue
         try:
             answer = await ctx.backbone.act(view, memory, ToolBox(case, ctx.tools, tool_seed), rng, **extra)
         except CaseFailure:
@@ -128,16 +137,21 @@ class SelsmMemory(MemoryPolicy):
         if cfg.train_samples > 1:
             trajectories += await collect_training_trajectories(
                 ctx, case, memory, cfg.train_samples - 1, self.step_memory(ctx, case.view(), memory))
-        allowed = "\n".join(case.options.values())
+        fhir = case.kind == "fhir"
+        allowed = "" if fhir else "\n".join(case.options.values())
         kept: list[StoredTransition] = []
         seen: set = set()
         cause = None
         record_id = f"rec-{len(part_of(ctx).records):05d}"
         for sample, ans in trajectories:
             decisions = decisions_of(case.question, ans.steps)
-            correct = ans.answer == case.answer
+            gold = ""
+            if fhir:  # graded by the environment: the act stage's verdict, or the sample's own
+                correct, gold = (fb.correct, fb.gold) if sample == 0 else ctx.environment.grade(case, ans)
+            else:
+                correct = ans.answer == case.answer
             verdict = await ask_or_fail(ctx, case.case_id, "reflect",
-                                        judge_task(case, decisions, ans, correct, cfg.reasoning_trace))
+                                        judge_task(case, decisions, ans, correct, cfg.reasoning_trace, gold))
             if isinstance(verdict, CaseFailed):
                 return verdict  # nothing is stored from a case whose judging failed
             steps = judged_steps(verdict, decisions, case, cfg.operational_logic)

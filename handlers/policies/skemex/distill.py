@@ -17,14 +17,17 @@ naming the correct option with the case's key terms as trigger.
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from handlers.backbones.sim import rule_text
 from handlers.policies.base import ModelTask
+from handlers.policies.fhir_lessons import fhir_terms, procedure, task_label, verdict_line
 from handlers.policies.skemex.config import SkeMexPolicy
 from handlers.text import content_tokens, key_terms, trigger_overlap
+from store.event_types import AgentStep
 from store.skill_events import Adoption, Branch, Decision, SkillBody, TrajectoryRecorded
 from store.skill_memory import Skill
 
@@ -96,7 +99,27 @@ encoder's decision. A skill is a compact, reusable unit of procedural knowledge,
 For a PATCH, rewrite the given skill so it also covers this trajectory, keeping what was right."""
 
 
+FHIR_NOTE = ("This is a MedAgentBench FHIR task: the agent acts in an EHR through FHIR functions (GET reads, POST "
+             "writes) and answers with FINISH([...]); the reference is the official grader's verdict. A skill for "
+             "it names the FHIR calls (resource types, search parameters, payload fields) and the FINISH list the "
+             "task template needs, never this task's patient, identifiers, dates or values.")
+
+
+def is_fhir(t: TrajectoryRecorded) -> bool:
+    """A FHIR task's trajectory: no options, graded by the official refsol rules."""
+    return not t.options and t.gold.startswith("refsol:")
+
+
+def _fhir_case_block(t: TrajectoryRecorded) -> str:
+    trace = "\n".join(f"  {line}" for line in t.trace) or "  (no steps)"
+    return (f"## Task (category: {t.category}; FHIR functions: {', '.join(t.tools) or 'none'})\n{FHIR_NOTE}\n\n"
+            f"{t.question}\n\n## Trajectory ({t.turns} turns)\n{trace}\nFinal answer: {t.answer} "
+            f"(decided by {t.answer_source})\n\n## Evaluation\nreward {t.reward:g}; official grader: {t.gold}")
+
+
 def _case_block(t: TrajectoryRecorded) -> str:
+    if is_fhir(t):
+        return _fhir_case_block(t)
     options = "\n".join(f"{k}) {v}" for k, v in sorted(t.options.items()))
     trace = "\n".join(f"  {line}" for line in t.trace) or "  (no steps)"
     return (f"## Task (category: {t.category}; tools available: {', '.join(t.tools) or 'none'})\n{t.question}\n"
@@ -150,7 +173,46 @@ def offline_assessment(t: TrajectoryRecorded, injected: list[Skill]) -> Assessme
     return Assessment(labels=labels, decision="CREATE", branch="task", rationale="corrective skill after a wrong answer")
 
 
+def trace_steps(t: TrajectoryRecorded) -> list[AgentStep]:
+    """The recorded trace lines (`kind: content`) back as steps."""
+    out = []
+    for line in t.trace:
+        kind, _, content = line.partition(": ")
+        out.append(AgentStep(kind=kind, content=content))
+    return out
+
+
+def _function_name(step: AgentStep) -> str | None:
+    if step.kind != "tool":
+        return None
+    try:
+        call = json.loads(step.content)
+    except json.JSONDecodeError:
+        return None
+    return call.get("name") if isinstance(call, dict) else None
+
+
+def offline_fhir_draft(t: TrajectoryRecorded, a: Assessment, target: Skill | None) -> Draft:
+    """A FHIR trajectory's skill: the template's key terms and the action pattern (resource types,
+    parameter and field names, FINISH shape), kept as the procedure on success and as the pattern not
+    to repeat unchanged on failure. Entity-agnostic by construction (fhir_lessons)."""
+    steps = trace_steps(t)
+    terms = fhir_terms(t.question)
+    pattern = procedure(steps, t.answer)
+    used = sorted({name for name in map(_function_name, steps) if name in t.tools})
+    label = task_label(terms)
+    core = (f"For {label}: {pattern}; {verdict_line(True)}." if t.reward >= 1.0 else
+            f"For {label}: the agent did {pattern}, and {verdict_line(False)}.")
+    return Draft(name="_".join([*terms[:3], "fhir", "procedure"]),
+                 description=f"When an EHR task asks: {' '.join(terms) or 'a FHIR task of this template'}.",
+                 applicable_conditions=f"The instruction follows the template of {label}; the EHR is reachable "
+                                       "through the FHIR functions.",
+                 core_action=core, trigger=terms or key_terms(t.question), required_tools=used, risk_level="medium")
+
+
 def offline_draft(t: TrajectoryRecorded, a: Assessment, target: Skill | None) -> Draft:
+    if is_fhir(t):
+        return offline_fhir_draft(t, a, target)
     terms = key_terms(t.question)
     gold_text = t.options[t.gold]
     tool = a.tool if a.branch == "action" else None

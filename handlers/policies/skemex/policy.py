@@ -33,7 +33,9 @@ def skill_memory(ctx) -> SkillMemory:
 
 
 def case_tools(ctx, case: Case) -> list[str]:
-    """The tools this case's agent can call (as ToolBox decides)."""
+    """The tools this case's agent can call (as ToolBox decides; a FHIR task: the environment's functions)."""
+    if case.kind == "fhir":
+        return sorted(f.name for f in ctx.environment.functions)
     wanted = case.tools or sorted(ctx.tools)
     return [t for t in wanted if t in ctx.tools]
 
@@ -81,8 +83,10 @@ class SkeMexMemory(MemoryPolicy):
         ctx.writer.emit(sk.TrajectoryRecorded(
             case_id=case.case_id, category=case.category, reward=reward, turns=buffer.turns(answer.steps),
             injected=injected, adoption=buffer.heuristic_labels(answer, injected, reward),
-            retained=reason is None, drop_reason=reason, question=case.question, options=case.options,
-            gold=case.answer, answer=answer.answer, answer_source=answer.source,
+            retained=reason is None, drop_reason=reason, question=case.question,
+            # A FHIR task has no options; its reference is the official grader's verdict (`refsol:taskN: reason`).
+            options={} if case.kind == "fhir" else case.options,
+            gold=fb.gold if case.kind == "fhir" else case.answer, answer=answer.answer, answer_source=answer.source,
             trace=[f"{s.kind}: {s.content}" for s in answer.steps], tools=case_tools(ctx, case)),
             case_id=case.case_id)
         if len(mem.buffer) >= cfg.window:

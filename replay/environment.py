@@ -1,0 +1,87 @@
+"""The environment a recorded run of tool tasks (MedAgentBench FHIR) was made in, built again.
+
+A FHIR run names its environment by content in its spec (`RunSpec.source` hashes the task selection,
+the function specs, the patient snapshot and the server) and keeps where the files were in the
+`run.started` meta (`EnvironmentRecord`). `grandrounds verify` and `grandrounds replay` re-execute such
+a run against the same environment: the files are checked against the recorded hashes first, and a
+missing or changed file is refused (`EnvironmentUnavailable`, bad input: exit code 2) rather than
+re-executed against something else.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+from handlers.cases import FhirCase
+from handlers.environments.base import META_KEY, EnvironmentRecord
+from store.event_types import CaseReceived
+from store.eventstore import EventStore
+
+
+class EnvironmentUnavailable(ValueError):
+    """The run's environment cannot be built again as it was (bad input: exit code 2)."""
+
+
+def recorded_environment(store: EventStore, run_id: str,
+                         error: type[Exception] = EnvironmentUnavailable) -> EnvironmentRecord | None:
+    """The environment a run was made in (`run.started` meta), or None for an MCQ run. A run holding
+    FHIR tasks without that record cannot be re-executed (`error`)."""
+    first = store.read(run_id, upto_seq=0)[0]
+    data = first.meta.get(META_KEY)
+    if data:
+        return EnvironmentRecord.model_validate(data)
+    for e in store.iter(run_id, types=[CaseReceived.event_type]):
+        if e.payload["case"].get("kind") == "fhir":
+            raise error(f"run {run_id!r} holds FHIR tasks but no record of the environment they ran in: "
+                        "it cannot be re-executed")
+        break
+    return None
+
+
+def fhir_case_log(store: EventStore, run_id: str) -> list[FhirCase]:
+    """The FHIR tasks of a run in the order it received them."""
+    return [FhirCase.model_validate(e.payload["case"]) for e in store.iter(run_id, types=[CaseReceived.event_type])]
+
+
+def source_matches(record: EnvironmentRecord, source: str | None, cases: list[FhirCase],
+                   store: EventStore | None = None, depth: int = 8) -> bool:
+    """Whether the record is the environment `source` names: the content hash of these cases in it, or,
+    for a replay run (whose `source` names its parent run), the parent's environment, same content."""
+    if record.source(cases) == source:
+        return True
+    if store is None or not source or depth == 0 or not store.has_run(source):
+        return False
+    parent = recorded_environment(store, source)
+    parent_cases = fhir_case_log(store, source)
+    if parent is None or parent.identity() != record.identity() or \
+            sorted(c.case_id for c in parent_cases) != sorted(c.case_id for c in cases):
+        return False
+    from handlers.runs import read_spec
+
+    spec = read_spec(store, source)
+    return spec is not None and source_matches(parent, spec.source, parent_cases, store, depth - 1)
+
+
+def check_environment(record: EnvironmentRecord, run_id: str, source: str | None, cases: list[FhirCase],
+                      what: str = "verify", error: type[Exception] = EnvironmentUnavailable,
+                      store: EventStore | None = None) -> None:
+    """Refuse (`error`) unless the recorded files are still there with the same content and the record
+    matches the run's spec (`source`, over the run's own case order; a replay run's, its parent's)."""
+    for ref in (record.funcs, record.patients):
+        problem = ref.check() if ref is not None else None
+        if problem:
+            raise error(f"cannot rebuild the MedAgentBench environment of run {run_id!r}: {problem}; "
+                        f"{what} re-executes the run against the same function specs and patient snapshot")
+    if not source_matches(record, source, cases, store):
+        raise error(f"run {run_id!r}: the environment recorded with it does not match its spec's source")
+
+
+def reopen_environment(record: EnvironmentRecord, run_id: str, source: str | None, cases: list[FhirCase],
+                       what: str = "verify", error: type[Exception] = EnvironmentUnavailable,
+                       store: EventStore | None = None) -> AbstractContextManager:
+    """The run's MedAgentBench environment built again (a fresh sandbox), once its files check out:
+    a context manager that starts the sandbox on entry and stops it on exit."""
+    from handlers.environments.medagentbench_env import open_environment
+
+    check_environment(record, run_id, source, cases, what, error, store)
+    return open_environment(record)
