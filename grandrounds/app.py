@@ -74,14 +74,19 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
 
         summary["llm"] = llm_usage(store, rid)
         summary["failed"] = len(summary["llm"]["failed_cases"])
-        if environment is not None:
+        if environment is not None and environment.name == "agentclinic":
+            # the shortest OSCE dialogue is one turn: the diagnosis
+            summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES))
+        elif environment is not None:
             from grandrounds.fhir_run import fhir_task_class
 
             # the shortest FHIR episode is two turns: one call, then FINISH
             summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES), t_min=2, classify=fhir_task_class)
         else:
             summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES))
-    if environment is not None:
+    if environment is not None and environment.name == "agentclinic":
+        summary["environment"] = environment.name
+    elif environment is not None:
         from grandrounds.fhir_run import per_task_type
 
         summary["environment"] = environment.name

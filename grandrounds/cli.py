@@ -49,9 +49,11 @@ def main() -> None:
               help="Offline mode: start from RUN's memory (train split) and keep it frozen for these cases.")
 @click.option("--memory-db", default=None, help="DuckDB file holding --memory-from (default: --db).")
 @click.option("--keep-learning", is_flag=True, help="With --memory-from: keep writing memory instead of freezing it.")
-@click.option("--env", "env", type=click.Choice(["cases", "medagentbench"]), default="cases", show_default=True,
+@click.option("--env", "env", type=click.Choice(["cases", "medagentbench", "agentclinic"]), default="cases",
+              show_default=True,
               help="cases: CASES.jsonl (MCQ cases). medagentbench: TASKS.json (MedAgentBench FHIR tasks, e.g. "
-                   "test_data_v2.json) acted on through FHIR functions, graded by the official refsol rules.")
+                   "test_data_v2.json) acted on through FHIR functions, graded by the official refsol rules. "
+                   "agentclinic: AgentClinic OSCE CASES.jsonl (doctor dialogues, graded by the judge).")
 @click.option("--funcs", default=None, type=click.Path(dir_okay=False),
               help="medagentbench: funcs_v1.json (the FHIR function specs).")
 @click.option("--patients", default=None, type=click.Path(dir_okay=False),
@@ -61,11 +63,13 @@ def main() -> None:
 @click.option("--task-type", "task_types", multiple=True, type=click.IntRange(1, 10),
               help="medagentbench: only these task types (repeatable; sandbox default 1, 2, 3, 8).")
 @click.option("--limit", default=None, type=click.IntRange(min=1),
-              help="medagentbench: only the first N tasks (after --task-type).")
+              help="medagentbench / agentclinic: only the first N tasks or cases (after --task-type).")
+@click.option("--max-turns", default=None, type=click.IntRange(min=1),
+              help="agentclinic: doctor turns per case (default 20, AgentClinic's).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, record_db, live_fallthrough, max_steps,
         summary_every, seed, lag, broker, sim_tools, commit, ablations, memory_from, memory_db, keep_learning,
-        env, funcs, patients, fhir_base, task_types, limit, as_json):
+        env, funcs, patients, fhir_base, task_types, limit, max_turns, as_json):
     """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern.
 
     With --env medagentbench, TASKS.json holds MedAgentBench FHIR tasks: a local FHIR sandbox serving
@@ -87,7 +91,15 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, 
             setup = prepare_medagentbench(cases_file, funcs, patients, fhir_base, tuple(task_types), limit,
                                           pol.name, tuple(sim_tools), broker)
             cases, source = setup.cases, setup.source
+        elif env == "agentclinic":
+            from grandrounds.osce_run import prepare_agentclinic
+
+            setup = prepare_agentclinic(cases_file, max_turns, limit, pol.name, tuple(sim_tools), broker,
+                                        mab_options_given(funcs, patients, fhir_base, task_types, None))
+            cases, source = setup.cases, setup.source
         else:
+            if max_turns is not None:
+                raise ValueError("--max-turns: only with --env agentclinic (AgentClinic OSCE cases)")
             given = mab_options_given(funcs, patients, fhir_base, task_types, limit)
             if given:
                 raise ValueError(f"{', '.join(given)}: only with --env medagentbench (MedAgentBench FHIR tasks)")
@@ -163,7 +175,11 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, 
         fail(str(exc), 2, as_json)
     summary = outcome.summary
     notes = [n for n in (note, outcome.note) if n]
-    if setup:
+    if setup and env == "agentclinic":
+        from grandrounds.osce_run import SIM_NOTE as OSCE_SIM_NOTE
+
+        notes = [OSCE_SIM_NOTE if n == outcome.note and summary["backbone"] == "sim" else n for n in notes]
+    elif setup:
         from grandrounds.fhir_run import SIM_NOTE
 
         notes = [SIM_NOTE if n == outcome.note and summary["backbone"] == "sim" else n for n in notes] + setup.notes

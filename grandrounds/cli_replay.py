@@ -133,7 +133,9 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
             elif live_fallthrough or base_url:
                 notes.append("--live-fallthrough/--base-url ignored: this replay calls no model")
             if plan.environment is not None:
-                notes.append(f"FHIR run: the MedAgentBench environment of {source} rebuilt from its recorded files "
+                which = ("OSCE run: the AgentClinic environment" if plan.environment.name == "agentclinic"
+                         else "FHIR run: the MedAgentBench environment")
+                notes.append(f"{which} of {source} rebuilt from its recorded files "
                              "(sha256 checked), opened once; runs execute one after the other in this process "
                              "(workers=1)")
                 if workers and workers > 1:

@@ -26,6 +26,8 @@ async def act(ctx: RunContext, view: CaseView | FhirCaseView, memory: MemoryRetr
     # `view` has no answer field: the leakage guard is a type, not a promise.
     if view.kind == "fhir":
         return await act_fhir(ctx, view, memory, toolbox)
+    if view.kind == "osce":
+        return await act_osce(ctx, view, memory, toolbox)
     rng = case_rng(ctx.seed, view.case_id, "act")
     extra = {"recorder": stage_recorder(ctx.writer, view.case_id, "act")} if records_exchanges(ctx.backbone) else {}
     step_memory = ctx.mechanism.step_memory(ctx, view, memory)
@@ -62,5 +64,26 @@ async def act_fhir(ctx: RunContext, view: FhirCaseView, memory: MemoryRetrieved,
         ctx.writer.emit(failed, case_id=view.case_id)
         return failed
     answer = answer.model_copy(update={"steps": env.recorded_steps(answer.steps, tools)})
+    ctx.writer.emit(answer, case_id=view.case_id)
+    return answer
+
+
+async def act_osce(ctx: RunContext, view, memory: MemoryRetrieved, tools) -> AnswerGiven | CaseFailed:
+    """`view`: the case's `OsceView` (the objective only); `tools`: its `OsceTools` from the run's
+    environment (patient and measurement tool). The backbone's doctor runs the dialogue; the answer is
+    the diagnosis and its steps are the turns (questions, test requests, what came back). Doctor turns
+    are recorded at stage `act`, the model-played patient's at stage `patient`."""
+    act_on = getattr(ctx.backbone, "act_osce", None)
+    if act_on is None:
+        raise ActError(f"case {view.case_id}: the {ctx.backbone.name} backbone cannot act on OSCE cases")
+    extra = {"recorder": stage_recorder(ctx.writer, view.case_id, "act"),
+             "patient_recorder": stage_recorder(ctx.writer, view.case_id, "patient")} \
+        if records_exchanges(ctx.backbone) else {}
+    try:
+        answer = await act_on(view, memory, tools, **extra)
+    except CaseFailure as exc:
+        failed = CaseFailed(stage="act", reason=exc.reason, steps=exc.steps)
+        ctx.writer.emit(failed, case_id=view.case_id)
+        return failed
     ctx.writer.emit(answer, case_id=view.case_id)
     return answer

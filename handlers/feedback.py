@@ -17,6 +17,8 @@ async def feedback(ctx: RunContext, case: Case | FhirCase, memory: MemoryRetriev
                    answer: AnswerGiven) -> FeedbackRecorded:
     if case.kind == "fhir":
         return await feedback_fhir(ctx, case, memory, answer)
+    if case.kind == "osce":
+        return await feedback_osce(ctx, case, memory, answer)
     correct = answer.answer == case.answer
     rule_outcomes, tool_outcomes = ctx.mechanism.outcomes(ctx, case, memory, answer, correct)
     result = FeedbackRecorded(answer=answer.answer, gold=case.answer, correct=correct,
@@ -32,6 +34,19 @@ async def feedback_fhir(ctx: RunContext, case: FhirCase, memory: MemoryRetrieved
     correct, gold = require_environment(ctx, case).grade(case, answer)
     rule_outcomes, tool_outcomes = ctx.mechanism.outcomes(ctx, case, memory, answer, correct)
     result = FeedbackRecorded(answer=answer.answer, gold=gold, correct=correct,
+                              rule_outcomes=rule_outcomes, tool_outcomes=tool_outcomes)
+    ctx.writer.emit(result, case_id=case.case_id)
+    return result
+
+
+async def feedback_osce(ctx: RunContext, case, memory: MemoryRetrieved, answer: AnswerGiven) -> FeedbackRecorded:
+    """An AgentClinic OSCE case: the LLM judge (recorded, stage `judge`) with a model backbone, the
+    normalised string match with sim; `gold` is the correct diagnosis."""
+    from handlers.environments.osce_env import judge_answer
+
+    verdict = await judge_answer(ctx, case, answer)
+    rule_outcomes, tool_outcomes = ctx.mechanism.outcomes(ctx, case, memory, answer, verdict.correct)
+    result = FeedbackRecorded(answer=answer.answer, gold=case.correct_diagnosis, correct=verdict.correct,
                               rule_outcomes=rule_outcomes, tool_outcomes=tool_outcomes)
     ctx.writer.emit(result, case_id=case.case_id)
     return result

@@ -80,7 +80,7 @@ async def process_case(ctx: RunContext, case: Case | FhirCase, index: int,
         p.memory = await retrieve(ctx, case, index)
         await on_stage("retrieve")
     if p.answer is None and p.failed is None:
-        if case.kind == "fhir":  # the FHIR functions of the run's environment, fresh for this case
+        if case.kind in ("fhir", "osce"):  # the run's environment: FHIR functions / OSCE patient, fresh per case
             toolbox = require_environment(ctx, case).tools_for(case)
         else:
             toolbox = ToolBox(case, ctx.tools, ctx.seed)  # built from the full case: the environment's side

@@ -37,7 +37,13 @@ def case_log(store: EventStore, run_id: str) -> list[Case | FhirCase]:
     for e in store.iter(run_id, types=[CaseReceived.event_type]):
         received = e.decode()
         assert isinstance(received, CaseReceived)
-        model = FhirCase if received.case.get("kind") == "fhir" else Case
+        kind = received.case.get("kind")
+        if kind == "osce":  # an AgentClinic OSCE case (its environment: the run.started meta)
+            from handlers.environments.agentclinic_osce import OsceCase
+
+            cases.append(OsceCase.model_validate(received.case))
+            continue
+        model = FhirCase if kind == "fhir" else Case
         cases.append(model.model_validate(received.case))
     return cases
 

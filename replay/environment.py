@@ -29,18 +29,30 @@ def recorded_environment(store: EventStore, run_id: str,
     first = store.read(run_id, upto_seq=0)[0]
     data = first.meta.get(META_KEY)
     if data:
+        if data.get("name") == "agentclinic":  # AgentClinic OSCE (handlers/environments/osce_env.py)
+            from handlers.environments.osce_env import OsceEnvironmentRecord
+
+            return OsceEnvironmentRecord.model_validate(data)
         return EnvironmentRecord.model_validate(data)
     for e in store.iter(run_id, types=[CaseReceived.event_type]):
-        if e.payload["case"].get("kind") == "fhir":
-            raise error(f"run {run_id!r} holds FHIR tasks but no record of the environment they ran in: "
-                        "it cannot be re-executed")
+        if e.payload["case"].get("kind") in ("fhir", "osce"):
+            raise error(f"run {run_id!r} holds {e.payload['case']['kind']} tasks but no record of the environment "
+                        "they ran in: it cannot be re-executed")
         break
     return None
 
 
 def fhir_case_log(store: EventStore, run_id: str) -> list[FhirCase]:
-    """The FHIR tasks of a run in the order it received them."""
-    return [FhirCase.model_validate(e.payload["case"]) for e in store.iter(run_id, types=[CaseReceived.event_type])]
+    """The tool tasks of a run (FHIR tasks; AgentClinic OSCE cases) in the order it received them."""
+    out = []
+    for e in store.iter(run_id, types=[CaseReceived.event_type]):
+        if e.payload["case"].get("kind") == "osce":
+            from handlers.environments.agentclinic_osce import OsceCase
+
+            out.append(OsceCase.model_validate(e.payload["case"]))
+        else:
+            out.append(FhirCase.model_validate(e.payload["case"]))
+    return out
 
 
 def source_matches(record: EnvironmentRecord, source: str | None, cases: list[FhirCase],
@@ -67,7 +79,13 @@ def check_environment(record: EnvironmentRecord, run_id: str, source: str | None
                       store: EventStore | None = None) -> None:
     """Refuse (`error`) unless the recorded files are still there with the same content and the record
     matches the run's spec (`source`, over the run's own case order; a replay run's, its parent's)."""
-    for ref in (record.funcs, record.patients):
+    if record.name == "agentclinic":
+        for ref in record.refs():
+            problem = ref.check()
+            if problem:
+                raise error(f"cannot rebuild the AgentClinic environment of run {run_id!r}: {problem}; "
+                            f"{what} re-executes the run against the same case file")
+    for ref in (() if record.name == "agentclinic" else (record.funcs, record.patients)):
         problem = ref.check() if ref is not None else None
         if problem:
             raise error(f"cannot rebuild the MedAgentBench environment of run {run_id!r}: {problem}; "
@@ -81,7 +99,11 @@ def reopen_environment(record: EnvironmentRecord, run_id: str, source: str | Non
                        store: EventStore | None = None) -> AbstractContextManager:
     """The run's MedAgentBench environment built again (a fresh sandbox), once its files check out:
     a context manager that starts the sandbox on entry and stops it on exit."""
+    check_environment(record, run_id, source, cases, what, error, store)
+    if record.name == "agentclinic":
+        from handlers.environments.osce_env import open_environment as open_osce
+
+        return open_osce(record)
     from handlers.environments.medagentbench_env import open_environment
 
-    check_environment(record, run_id, source, cases, what, error, store)
     return open_environment(record)

@@ -119,11 +119,26 @@ class OpenAIBackbone:
         return await run_fhir_agent(self.gateway, view, tools, recorder, self.agent,
                                     memory_prefix=fhir_memory_block(memory.prefix), step_memory=step_memory)
 
+    async def act_osce(self, view, memory: MemoryRetrieved, tools, recorder: Recorder | None = None,
+                       patient_recorder: Recorder | None = None, step_memory=None) -> AnswerGiven:
+        """An AgentClinic OSCE case (`OsceTools`): the model doctor (each turn recorded, stage `act`), the
+        run's memory as its memory block, against the model-played patient (stage `patient`)."""
+        from handlers.environments.osce_env import run_osce_act
+
+        if recorder is None or patient_recorder is None:
+            raise ValueError("the openai backbone records every exchange: the stage must pass recorders")
+        return await run_osce_act(view, memory, tools, self.gateway, recorder, patient_recorder)
+
     async def reflect(self, case: Case, memory: MemoryRetrieved, answer: AnswerGiven, feedback: FeedbackRecorded,
                       recorder: Recorder | None = None) -> ReflectionRecorded:
         if recorder is None:
             raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
-        if isinstance(case, FhirCase):
+        if getattr(case, "kind", None) == "osce":
+            from handlers.environments.osce_env import OSCE_REFLECT_SYSTEM, osce_reflection_prompt
+
+            messages = [{"role": "system", "content": OSCE_REFLECT_SYSTEM},
+                        {"role": "user", "content": osce_reflection_prompt(case, memory, answer, feedback)}]
+        elif isinstance(case, FhirCase):
             messages = [{"role": "system", "content": FHIR_REFLECT_SYSTEM},
                         {"role": "user", "content": fhir_reflection_prompt(case, memory, answer, feedback)}]
         else:

@@ -128,10 +128,21 @@ class SimBackbone:
 
         return sim_fhir_agent(view, tools, step_memory)
 
+    async def act_osce(self, view, memory: MemoryRetrieved, tools, step_memory=None) -> AnswerGiven:
+        """An AgentClinic OSCE case through the environment's patient and measurement tool (`OsceTools`):
+        the sim doctor, following a memory rule whose trigger matches what it heard."""
+        from handlers.environments.osce_env import run_osce_act
+
+        return await run_osce_act(view, memory, tools)
+
     async def reflect(self, case: Case, memory: MemoryRetrieved, answer: AnswerGiven,
                       feedback: FeedbackRecorded) -> ReflectionRecorded:
         if isinstance(case, FhirCase):
             return fhir_reflection(case, memory, answer, feedback)
+        if getattr(case, "kind", None) == "osce":
+            from handlers.environments.osce_env import osce_reflection
+
+            return osce_reflection(case, memory, answer, feedback, rule_text)
         gold_text = case.options[case.answer]
         terms = key_terms(case.question)
         summary = (f"[{case.category}] Answered {answer.answer} ('{case.options[answer.answer]}') via "

@@ -118,12 +118,18 @@ class OsceView(BaseModel):
 
     case_id: str
     objective: str
+    kind: Literal["osce"] = "osce"
+    """The pipeline's case kind (act dispatches on it); the default keeps the view's fields as they were."""
 
 
 class OsceCase(BaseModel):
+    """One AgentClinic OSCE case. In `grandrounds run --env agentclinic` it is carried whole in
+    `case.received` (kind `osce`); the correct diagnosis reaches only feedback."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     case_id: str
+    kind: Literal["osce"] = "osce"
     source: Literal["medqa", "nejm"]
     objective: str
     patient_facts: tuple[str, ...]
@@ -140,6 +146,23 @@ class OsceCase(BaseModel):
 
     def view(self) -> OsceView:
         return OsceView(case_id=self.case_id, objective=self.objective)
+
+    # The names memory policies read of any case (see `FhirCase`): properties, not fields, so they
+    # are not part of the case's JSON and carry nothing the fields do not.
+
+    @property
+    def question(self) -> str:
+        """What memory is retrieved and keyed by: the objective, all the doctor is shown."""
+        return self.objective
+
+    @property
+    def answer(self) -> str:
+        """The grading reference: the correct diagnosis (feedback and reflection only)."""
+        return self.correct_diagnosis
+
+    @property
+    def category(self) -> str:
+        return f"agentclinic-{self.source}"
 
 
 def _text(value: Any) -> str:

@@ -1,0 +1,61 @@
+"""`grandrounds run CASES.jsonl --env agentclinic`: AgentClinic OSCE cases through the five stages.
+
+Validates the options and the case file before anything runs (exit 2 naming the problem), names the
+environment in the run's spec (`OsceEnvironmentRecord`: the case file by content and the turn budget,
+hashed into `RunSpec.source`; the file's path goes to the `run.started` meta so `grandrounds verify`
+can build the environment again).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from handlers.environments.agentclinic_osce import OsceCase
+from handlers.environments.osce_env import OsceEnvironmentRecord
+
+SUPPORTED_POLICIES = ("evo-medagent", "none")
+"""Policies whose stages handle OSCE dialogues; another is refused up front (exit 2)."""
+SIM_NOTE = ("sim backbone: scripted doctor (fixed questions, each recorded test group, then the diagnosis a memory "
+            "rule favours or that best overlaps the dialogue), rule-based patient, string-match grading — "
+            "offline plumbing, its accuracy is not a clinical measure")
+
+
+@dataclass
+class OsceRunSetup:
+    cases: list[OsceCase]
+    record: OsceEnvironmentRecord
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def source(self) -> str:
+        return self.record.source(self.cases)
+
+    @contextmanager
+    def environment(self) -> Iterator:
+        from handlers.environments.osce_env import open_environment
+
+        with open_environment(self.record) as env:
+            yield env
+
+
+def prepare_agentclinic(cases_file: str, max_turns: int | None, limit: int | None, policy_name: str,
+                        sim_tools: tuple[str, ...], broker: str, mab_given: list[str]) -> OsceRunSetup:
+    """Everything checked before a run starts; ValueError / CaseFileError name the problem (exit 2)."""
+    from handlers.environments.agentclinic_osce import load_osce_cases
+    from handlers.environments.base import FileRef
+
+    if mab_given:
+        raise ValueError(f"{', '.join(mab_given)}: only with --env medagentbench (MedAgentBench FHIR tasks)")
+    if policy_name not in SUPPORTED_POLICIES:
+        raise ValueError(f"policy {policy_name!r} does not handle AgentClinic OSCE cases yet: use --policy "
+                         f"{' or '.join(SUPPORTED_POLICIES)} with --env agentclinic")
+    if sim_tools:
+        raise ValueError("--sim-tool offers simulated MCQ tools: OSCE cases use the patient and the measurement tool")
+    if broker != "memory":
+        raise ValueError("--env agentclinic runs on the embedded runner only (omit --broker): the Kafka "
+                         "message contract carries MCQ cases")
+    cases = load_osce_cases(cases_file, limit)
+    record = OsceEnvironmentRecord(cases=FileRef.of(cases_file), max_turns=max_turns or 20)
+    return OsceRunSetup(cases, record)
