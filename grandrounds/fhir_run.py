@@ -14,11 +14,9 @@ MedAgentBench docker server) grades every type.
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
+from grandrounds.env_run import EnvRunSetup
 from handlers.cases import CaseFileError, FhirCase
 from handlers.environments.base import EnvironmentRecord, FileRef
 
@@ -28,22 +26,10 @@ SIM_NOTE = ("sim agent: scripted for the official MedAgentBench task templates, 
             "not a clinical measure")
 
 
-@dataclass
-class FhirRunSetup:
-    cases: list[FhirCase]
-    record: EnvironmentRecord
-    notes: list[str] = field(default_factory=list)
+def _open(record: EnvironmentRecord):
+    from handlers.environments.medagentbench_env import open_environment
 
-    @property
-    def source(self) -> str:
-        return self.record.source(self.cases)
-
-    @contextmanager
-    def environment(self) -> Iterator:
-        from handlers.environments.medagentbench_env import open_environment
-
-        with open_environment(self.record) as env:
-            yield env
+    return open_environment(record)
 
 
 def mab_options_given(funcs, patients, fhir_base, task_types, limit) -> list[str]:
@@ -106,7 +92,7 @@ def load_fhir_tasks(path: str, task_types: tuple[int, ...] | None, limit: int | 
 
 def prepare_medagentbench(tasks: str, funcs: str | None, patients: str | None, fhir_base: str | None,
                           task_types: tuple[int, ...], limit: int | None, policy_name: str,
-                          sim_tools: tuple[str, ...], broker: str) -> FhirRunSetup:
+                          sim_tools: tuple[str, ...], broker: str) -> EnvRunSetup:
     """Everything checked before a run starts; ValueError / CaseFileError name the problem (exit 2)."""
     from handlers.environments.medagentbench import OFFLINE_TASK_TYPES, load_functions
 
@@ -160,7 +146,7 @@ def prepare_medagentbench(tasks: str, funcs: str | None, patients: str | None, f
             raise CaseFileError(patients, None, None, str(exc)) from None
     record = EnvironmentRecord(funcs=FileRef.of(funcs), patients=FileRef.of(patients) if patients else None,
                                fhir_base=fhir_base)
-    return FhirRunSetup(cases, record, notes)
+    return EnvRunSetup(cases, record, _open, notes)
 
 
 def per_task_type(store, run_id: str) -> dict[str, dict[str, int]]:

@@ -8,11 +8,8 @@ can build the environment again).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Iterator
 
-from handlers.environments.agentclinic_osce import OsceCase
+from grandrounds.env_run import EnvRunSetup
 from handlers.environments.osce_env import OsceEnvironmentRecord
 
 SUPPORTED_POLICIES = ("evo-medagent", "none")
@@ -22,26 +19,14 @@ SIM_NOTE = ("sim backbone: scripted doctor (fixed questions, each recorded test 
             "offline plumbing, its accuracy is not a clinical measure")
 
 
-@dataclass
-class OsceRunSetup:
-    cases: list[OsceCase]
-    record: OsceEnvironmentRecord
-    notes: list[str] = field(default_factory=list)
+def _open(record: OsceEnvironmentRecord):
+    from handlers.environments.osce_env import open_environment
 
-    @property
-    def source(self) -> str:
-        return self.record.source(self.cases)
-
-    @contextmanager
-    def environment(self) -> Iterator:
-        from handlers.environments.osce_env import open_environment
-
-        with open_environment(self.record) as env:
-            yield env
+    return open_environment(record)
 
 
 def prepare_agentclinic(cases_file: str, max_turns: int | None, limit: int | None, policy_name: str,
-                        sim_tools: tuple[str, ...], broker: str, mab_given: list[str]) -> OsceRunSetup:
+                        sim_tools: tuple[str, ...], broker: str, mab_given: list[str]) -> EnvRunSetup:
     """Everything checked before a run starts; ValueError / CaseFileError name the problem (exit 2)."""
     from handlers.environments.agentclinic_osce import load_osce_cases
     from handlers.environments.base import FileRef
@@ -58,4 +43,4 @@ def prepare_agentclinic(cases_file: str, max_turns: int | None, limit: int | Non
                          "message contract carries MCQ cases")
     cases = load_osce_cases(cases_file, limit)
     record = OsceEnvironmentRecord(cases=FileRef.of(cases_file), max_turns=max_turns or 20)
-    return OsceRunSetup(cases, record)
+    return EnvRunSetup(cases, record, _open)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from store.events import EventPayload, event, upcaster
+from store.events import EventPayload, GrowingPayload, event, upcaster
 
 Priority = Literal[0, 1, 2]
 ToolLabel = Literal["Trusted", "Caution", "Avoid"]
@@ -26,7 +26,7 @@ class _Part(BaseModel):
 
 
 @event("run.started")
-class RunStarted(EventPayload):
+class RunStarted(GrowingPayload):
     policy_name: str
     policy: dict[str, Any]
     backbone: str
@@ -117,7 +117,7 @@ class MemoryItem(_Part):
 
 
 @event("memory.retrieved")
-class MemoryRetrieved(EventPayload):
+class MemoryRetrieved(GrowingPayload):
     memory_seq: int
     """Seq of the last event folded into the memory this retrieval read (its version)."""
     rules: list[RetrievedRule] = Field(default_factory=list)

@@ -21,11 +21,16 @@ class EventPayload(BaseModel):
 
     event_type: ClassVar[str]
     schema_version: ClassVar[int] = 1
-    omit_if_default: ClassVar[frozenset[str]] = frozenset()
-    """Fields added after logs existed: left out of the payload while they hold their default,
-    so events of runs that do not use them keep their bytes (and fingerprints)."""
     carries_memory: ClassVar[bool] = False
     """Whether the event changes memory a later run can start from (offline mode copies these)."""
+
+
+class GrowingPayload(EventPayload):
+    """A payload type that gained fields after logs existed. The fields named in `omit_if_default` are
+    left out of the payload while they hold their default, so events of runs that do not use them keep
+    their bytes (and fingerprints). Only these types pay for the wrap serializer."""
+
+    omit_if_default: ClassVar[frozenset[str]] = frozenset()
 
     @model_serializer(mode="wrap")
     def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

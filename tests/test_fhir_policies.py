@@ -10,40 +10,21 @@ import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
+from conftest import MAB_TASKS as TASKS, needs_medagentbench
 from fake_openai_server import FakeOpenAI
-from grandrounds.cli import main
+from fhir_helpers import invoke_json, offline_tasks_file, run_fhir
 from llm_helpers import SECRET
 from store.eventstore import EventStore
 
 pytestmark = needs_medagentbench
 
-TYPES = ("1", "2", "3", "8")
 MRN_OR_HOST = re.compile(r"\bS\d{7}\b|localhost|127\.0\.0\.1|https?://")
 
 
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory) -> Path:
-    """Two tasks of each offline-gradable type (1, 2, 3, 8), in the official file's order."""
-    items = json.loads(TASKS.read_text())
-    pick = [it for it in items if it["id"].split("_")[0][4:] in TYPES and int(it["id"].split("_")[1]) <= 2]
-    path = tmp_path_factory.mktemp("mab") / "tasks.json"
-    path.write_text(json.dumps(pick))
-    return path
-
-
-def _invoke(args: list[str], env: dict | None = None) -> tuple[int, dict]:
-    r = CliRunner().invoke(main, [*args, "--json"], env=env or {})
-    lines = r.stdout.strip().splitlines()
-    assert lines, r.output
-    return r.exit_code, json.loads(lines[-1])
-
-
-def _run(tasks: Path, db: Path, *extra: str, env: dict | None = None) -> tuple[int, dict]:
-    return _invoke(["run", str(tasks), "--env", "medagentbench", "--funcs", str(FUNCS), "--patients", str(PATIENTS),
-                    "--db", str(db), *extra], env)
+    return offline_tasks_file(tmp_path_factory.mktemp("mab"))
 
 
 # SkeMex's paper window (30) and buffer gating (a one-call success is "simple") would write nothing on 8
@@ -91,7 +72,7 @@ def _retrieved(events) -> dict[str, list[str]]:
 @pytest.mark.parametrize("policy", ["skemex", "selsm", "retrosum"])
 def test_policy_learns_from_fhir_tasks_and_verifies_identical(policy, tasks, tmp_path):
     db = tmp_path / f"{policy}.duckdb"
-    code, out = _run(tasks, db, "--policy", _policy_arg(policy, tmp_path))
+    code, out = run_fhir(tasks, db, "--policy", _policy_arg(policy, tmp_path))
     assert code == 0, out
     assert out["policy"] == policy and out["cases"] == 8 and out["correct"] == 8
     with EventStore(str(db), read_only=True) as s:
@@ -114,13 +95,13 @@ def test_policy_learns_from_fhir_tasks_and_verifies_identical(policy, tasks, tmp
                            ("mab-task8_2", "mab-task8_1")):
         assert earlier in {sources[i] for i in shown.get(later, [])}, (later, shown.get(later))
 
-    code, ver = _invoke(["verify", "--db", str(db), out["run_id"]])
+    code, ver = invoke_json(["verify", "--db", str(db), out["run_id"]])
     assert code == 0 and ver["identical"] and ver["replayed_fingerprint"] == out["fingerprint"], ver
 
 
 def test_skemex_skill_from_a_fhir_task_names_the_action_pattern_and_tool(tasks, tmp_path):
     db = tmp_path / "sk.duckdb"
-    code, out = _run(tasks, db, "--policy", _policy_arg("skemex", tmp_path), "--task-type", "2")
+    code, out = run_fhir(tasks, db, "--policy", _policy_arg("skemex", tmp_path), "--task-type", "2")
     assert code == 0, out
     with EventStore(str(db), read_only=True) as s:
         events = s.read(out["run_id"])
@@ -172,7 +153,7 @@ def test_selsm_per_step_guidance_reaches_the_fhir_agent_and_the_record_backend_r
     env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
     args = ["--policy", str(policy), "--task-type", "1", "--limit", "2"]
     with SelsmFhirFake() as server:
-        code, out = _run(TASKS, db, *args, "--backbone", "openai", "--model", "fake-fhir",
+        code, out = run_fhir(TASKS, db, *args, "--backbone", "openai", "--model", "fake-fhir",
                          "--base-url", server.base_url, "--run-id", "sf", env=env)
     assert code == 0, out
     assert out["correct"] == 2 and out["llm"]["calls"] == 6  # per task: lookup, FINISH, the judge
@@ -191,5 +172,5 @@ def test_selsm_per_step_guidance_reaches_the_fhir_agent_and_the_record_backend_r
     assert len(memory_steps) == 2 and all(c.startswith("rec-00000.0.") for c in memory_steps)
     assert [s["content"] for s in answers["mab-task1_1"]["steps"] if s["kind"] == "memory"] == ["", ""]
 
-    code, rec = _run(TASKS, db, *args, "--backbone", "record", "--record-from", "sf", env=env)
+    code, rec = run_fhir(TASKS, db, *args, "--backbone", "record", "--record-from", "sf", env=env)
     assert code == 0 and rec["fingerprint"] == out["fingerprint"], rec

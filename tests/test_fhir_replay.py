@@ -5,49 +5,27 @@ run recorded (checked by hash), and the replays are deterministic."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
-from fake_openai_server import FakeOpenAI
-from grandrounds.cli import main
+from fhir_helpers import FhirFake, invoke_json, offline_tasks_file, run_fhir
 from llm_helpers import SECRET
 from store.eventstore import EventStore
 
 pytestmark = needs_medagentbench
 
-TYPES = ("1", "2", "3", "8")
 
 
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory) -> Path:
-    """Two tasks of each offline-gradable type (1, 2, 3, 8): 8 tasks, two of them POST tasks of each kind."""
-    items = json.loads(TASKS.read_text())
-    pick = [it for it in items if it["id"].split("_")[0][4:] in TYPES and int(it["id"].split("_")[1]) <= 2]
-    path = tmp_path_factory.mktemp("mab") / "tasks.json"
-    path.write_text(json.dumps(pick))
-    return path
-
-
-def _invoke(args: list[str], env: dict | None = None) -> tuple[int, dict]:
-    r = CliRunner().invoke(main, [*args, "--json"], env=env or {})
-    lines = r.stdout.strip().splitlines()
-    assert lines, r.output
-    return r.exit_code, json.loads(lines[-1])
-
-
-def _run(tasks: Path, db: Path, *extra: str, funcs: Path = FUNCS, patients: Path = PATIENTS,
-         env: dict | None = None) -> tuple[int, dict]:
-    return _invoke(["run", str(tasks), "--env", "medagentbench", "--funcs", str(funcs), "--patients", str(patients),
-                    "--db", str(db), *extra], env)
+    return offline_tasks_file(tmp_path_factory.mktemp("mab"))
 
 
 def _replay(db: Path, source: str, *extra: str, env: dict | None = None) -> tuple[int, dict]:
-    return _invoke(["replay", "--db", str(db), "--from", source, *extra], env)
+    return invoke_json(["replay", "--db", str(db), "--from", source, *extra], env)
 
 
 def _events(db: Path, run_id: str) -> list:
@@ -65,7 +43,7 @@ def _same_after_start(db: Path, source: str, replayed: str) -> None:
 @pytest.fixture(scope="module")
 def sim_run(tasks, tmp_path_factory):
     db = tmp_path_factory.mktemp("run") / "fhir.duckdb"
-    code, out = _run(tasks, db)
+    code, out = run_fhir(tasks, db)
     assert code == 0, out
     assert out["cases"] == 8 and out["accuracy"] == 1.0
     return db, out
@@ -97,7 +75,7 @@ def test_permutations_of_a_fhir_run_replay_deterministically(sim_run, tmp_path):
     perm = rep["runs"][0]["run_id"]
     assert _events(first, perm)[0].meta["environment"] == _events(first, out["run_id"])[0].meta["environment"]
     assert "127.0.0.1" not in json.dumps([e.payload for e in _events(first, perm)])
-    code, ver = _invoke(["verify", "--db", str(first), perm])
+    code, ver = invoke_json(["verify", "--db", str(first), perm])
     assert code == 0 and ver["identical"] and ver["replayed_fingerprint"] == rep["runs"][0]["fingerprint"], ver
 
 
@@ -149,7 +127,7 @@ def test_replay_refuses_when_a_recorded_file_changed(tasks, tmp_path, which):
     shutil.copy(FUNCS, funcs)
     shutil.copy(PATIENTS, patients)
     db = tmp_path / "r.duckdb"
-    code, out = _run(tasks, db, "--task-type", "1", funcs=funcs, patients=patients)
+    code, out = run_fhir(tasks, db, "--task-type", "1", funcs=funcs, patients=patients)
     assert code == 0, out
     code, ok = _replay(db, out["run_id"], "--permutations", "1")
     assert code == 0, ok
@@ -169,32 +147,11 @@ def test_replay_refuses_when_a_recorded_file_changed(tasks, tmp_path, which):
 # --- a model run: replayed through the record backend ------------------------------------------------
 
 
-class FhirFake(FakeOpenAI):
-    """Plays the FHIR ReAct agent for task-1 templates and the FHIR reflector (as in test_fhir_run)."""
-
-    def _text(self, kind, messages, action):
-        if kind == "reflect":
-            return json.dumps({"summary": "Looked the patient up by name and DOB.",
-                               "guideline": "Search Patient by given, family and birthdate.",
-                               "edits": [{"op": "add", "text": "MRN lookups: GET Patient with given, family and "
-                                          "birthdate, FINISH with the id found.", "trigger": ["mrn", "name", "dob"],
-                                          "priority": 1, "reason": "worked"}]})
-        task = messages[1]["content"]
-        m = re.search(r"name (\S+) (\S+) and DOB of (\d{4}-\d{2}-\d{2})", task)
-        found = [re.search(r'"id": "(S\d+)"', x["content"]) for x in messages[2:] if x["role"] == "user"]
-        found = [f.group(1) for f in found if f]
-        if found:
-            return f'<reasoning>found</reasoning><response>FINISH(["{found[0]}"])</response>'
-        args = {"given": m.group(1), "family": m.group(2), "birthdate": m.group(3)}
-        return ('<reasoning>look the patient up</reasoning><tool>'
-                + json.dumps({"name": "get_patient", "arguments": args}) + "</tool>")
-
-
 def test_model_fhir_run_replays_from_its_record(tmp_path):
     db = tmp_path / "model.duckdb"
     env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
     with FhirFake() as server:
-        code, out = _run(TASKS, db, "--backbone", "openai", "--model", "fake-fhir", "--base-url", server.base_url,
+        code, out = run_fhir(TASKS, db, "--backbone", "openai", "--model", "fake-fhir", "--base-url", server.base_url,
                          "--task-type", "1", "--limit", "2", "--run-id", "m1", env=env)
         assert code == 0 and out["correct"] == 2, out
         calls = len(server.requests)

@@ -4,50 +4,29 @@ recorded in the event log, graded by the official refsol rules against the local
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
-from fake_openai_server import FakeOpenAI
-from grandrounds.cli import main
+from fhir_helpers import FhirFake, TYPES, invoke_json, offline_tasks_file, run_fhir
 from llm_helpers import SECRET
 from store.eventstore import EventStore
 
 pytestmark = needs_medagentbench
 
-TYPES = ("1", "2", "3", "8")
 
 
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory) -> Path:
-    """Two tasks of each offline-gradable type (1, 2, 3, 8), in the official file's order."""
-    items = json.loads(TASKS.read_text())
-    pick = [it for it in items if it["id"].split("_")[0][4:] in TYPES and int(it["id"].split("_")[1]) <= 2]
-    path = tmp_path_factory.mktemp("mab") / "tasks.json"
-    path.write_text(json.dumps(pick))
-    return path
-
-
-def _invoke(args: list[str], env: dict | None = None) -> tuple[int, dict]:
-    r = CliRunner().invoke(main, [*args, "--json"], env=env or {})
-    lines = r.stdout.strip().splitlines()
-    assert lines, r.output
-    return r.exit_code, json.loads(lines[-1])
-
-
-def _run(tasks: Path, db: Path, *extra: str, funcs: Path = FUNCS, env: dict | None = None) -> tuple[int, dict]:
-    return _invoke(["run", str(tasks), "--env", "medagentbench", "--funcs", str(funcs), "--patients", str(PATIENTS),
-                    "--db", str(db), *extra], env)
+    return offline_tasks_file(tmp_path_factory.mktemp("mab"))
 
 
 @pytest.fixture(scope="module")
 def sim_run(tasks, tmp_path_factory):
     db = tmp_path_factory.mktemp("run") / "fhir.duckdb"
-    code, out = _run(tasks, db)
+    code, out = run_fhir(tasks, db)
     assert code == 0, out
     return db, out
 
@@ -93,7 +72,7 @@ def test_fhir_tasks_run_through_the_five_stages_and_are_recorded(sim_run):
 
 def test_accuracy_matches_the_medagentbench_command(sim_run, tasks):
     _, out = sim_run
-    code, bench = _invoke(["medagentbench", str(tasks), "--funcs", str(FUNCS), "--patients", str(PATIENTS)])
+    code, bench = invoke_json(["medagentbench", str(tasks), "--funcs", str(FUNCS), "--patients", str(PATIENTS)])
     assert code == 0, bench
     assert bench["graded"] == out["cases"] and bench["correct"] == out["correct"] and out["accuracy"] == 1.0
     assert {k: v["correct"] for k, v in bench["per_task_type"].items()} == \
@@ -102,20 +81,20 @@ def test_accuracy_matches_the_medagentbench_command(sim_run, tasks):
 
 def test_two_runs_give_the_same_fingerprint_and_verify_is_identical(sim_run, tasks, tmp_path):
     db, out = sim_run
-    code, again = _run(tasks, tmp_path / "again.duckdb")  # another sandbox, on another port
+    code, again = run_fhir(tasks, tmp_path / "again.duckdb")  # another sandbox, on another port
     assert code == 0 and again["fingerprint"] == out["fingerprint"] and again["run_id"] == out["run_id"]
-    code, ver = _invoke(["verify", "--db", str(db), out["run_id"]])
+    code, ver = invoke_json(["verify", "--db", str(db), out["run_id"]])
     assert code == 0, ver
     assert ver["identical"] and ver["replayed_fingerprint"] == out["fingerprint"] and ver["cases"] == 8
     # Order replays rebuild the environment too (more in test_fhir_replay.py).
     copy = tmp_path / "replay.duckdb"
     shutil.copy(db, copy)
-    code, rep = _invoke(["replay", "--db", str(copy), "--from", out["run_id"], "--permutations", "1"])
+    code, rep = invoke_json(["replay", "--db", str(copy), "--from", out["run_id"], "--permutations", "1"])
     assert code == 0 and rep["environment"] == "medagentbench" and rep["runs"][0]["accuracy"] == 1.0, rep
 
 
 def test_policy_none_runs_fhir_tasks_without_writing_memory(tasks, tmp_path):
-    code, out = _run(tasks, tmp_path / "none.duckdb", "--policy", "none", "--task-type", "3", "--task-type", "8")
+    code, out = run_fhir(tasks, tmp_path / "none.duckdb", "--policy", "none", "--task-type", "3", "--task-type", "8")
     assert code == 0, out
     assert out["cases"] == 4 and out["accuracy"] == 1.0 and out["memory"]["episodes"] == out["memory"]["rules"] == 0
     assert set(out["per_task_type"]) == {"3", "8"}
@@ -125,13 +104,13 @@ def test_verify_refuses_when_the_environment_files_changed(tasks, tmp_path):
     funcs = tmp_path / "funcs_v1.json"
     shutil.copy(FUNCS, funcs)
     db = tmp_path / "v.duckdb"
-    code, out = _run(tasks, db, "--limit", "1", funcs=funcs)
+    code, out = run_fhir(tasks, db, "--limit", "1", funcs=funcs)
     assert code == 0, out
     funcs.write_text(funcs.read_text().replace("Patient", "Patient "))
-    code, ver = _invoke(["verify", "--db", str(db), out["run_id"]])
+    code, ver = invoke_json(["verify", "--db", str(db), out["run_id"]])
     assert code == 2 and "has changed since the run" in ver["error"] and str(funcs) in ver["error"]
     funcs.unlink()
-    code, ver = _invoke(["verify", "--db", str(db), out["run_id"]])
+    code, ver = invoke_json(["verify", "--db", str(db), out["run_id"]])
     assert code == 2 and "is missing" in ver["error"]
 
 
@@ -141,57 +120,33 @@ def test_verify_refuses_when_the_environment_files_changed(tasks, tmp_path):
     (["--fhir-base", "http://localhost:8080/fhir/"], "either --patients"),
 ])
 def test_bad_medagentbench_options_exit_2(tasks, tmp_path, args, message):
-    code, out = _run(tasks, tmp_path / "bad.duckdb", *args)
+    code, out = run_fhir(tasks, tmp_path / "bad.duckdb", *args)
     assert code == 2 and message in out["error"], out
 
 
 def test_bad_files_exit_2_naming_the_problem(tasks, tmp_path):
-    code, out = _invoke(["run", str(tasks), "--db", str(tmp_path / "b.duckdb")])
+    code, out = invoke_json(["run", str(tasks), "--db", str(tmp_path / "b.duckdb")])
     assert code == 2 and "--env medagentbench" in out["error"]  # a task file without --env
-    code, out = _invoke(["run", str(tasks), "--funcs", str(FUNCS), "--db", str(tmp_path / "b.duckdb")])
+    code, out = invoke_json(["run", str(tasks), "--funcs", str(FUNCS), "--db", str(tmp_path / "b.duckdb")])
     assert code == 2 and "only with --env medagentbench" in out["error"]
-    code, out = _invoke(["run", str(tasks), "--env", "medagentbench", "--patients", str(PATIENTS)])
+    code, out = invoke_json(["run", str(tasks), "--env", "medagentbench", "--patients", str(PATIENTS)])
     assert code == 2 and "needs --funcs" in out["error"]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"id": "task1_1", "instruction": "x"}, {"id": "nope", "instruction": "y"}]))
-    code, out = _run(bad, tmp_path / "b.duckdb")
+    code, out = run_fhir(bad, tmp_path / "b.duckdb")
     assert code == 2 and str(bad) in out["error"] and "task #2" in out["error"] and "nope" in out["error"]
-    code, out = _run(tasks, tmp_path / "b.duckdb", funcs=tmp_path / "missing.json")
+    code, out = run_fhir(tasks, tmp_path / "b.duckdb", funcs=tmp_path / "missing.json")
     assert code == 2 and "missing.json" in out["error"] and "not found" in out["error"]
 
 
 # --- a model: the FHIR ReAct loop through the gateway, reflection by the model, then the record backend ---
 
 
-class FhirFake(FakeOpenAI):
-    """Plays the FHIR ReAct agent for task-1 templates (look the patient up, FINISH with the MRN found)
-    and the FHIR reflector; keeps every request (`self.requests`)."""
-
-    def _text(self, kind, messages, action):
-        if kind == "reflect":
-            prompt = messages[1]["content"]
-            assert "## FHIR task" in prompt and "What the grader checks" in prompt
-            return json.dumps({"summary": "Looked the patient up by name and DOB.",
-                               "guideline": "Search Patient by given, family and birthdate.",
-                               "edits": [{"op": "add", "text": "MRN lookups: GET Patient with given, family and "
-                                          "birthdate, FINISH with the id found.", "trigger": ["mrn", "name", "dob"],
-                                          "priority": 1, "reason": "worked"}]})
-        task = messages[1]["content"]
-        m = re.search(r"name (\S+) (\S+) and DOB of (\d{4}-\d{2}-\d{2})", task)
-        found = [re.search(r'"id": "(S\d+)"', x["content"]) for x in messages[2:] if x["role"] == "user"]
-        found = [f.group(1) for f in found if f]
-        if found:
-            return f'<reasoning>found</reasoning><response>FINISH(["{found[0]}"])</response>'
-        args = {"given": m.group(1), "family": m.group(2), "birthdate": m.group(3)}
-        return ('<reasoning>look the patient up</reasoning><tool>'
-                + json.dumps({"name": "get_patient", "arguments": args}) + "</tool>")
-
-
 def test_openai_backbone_acts_and_reflects_and_the_record_backend_reserves_it(tmp_path):
     db = tmp_path / "model.duckdb"
     env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
     with FhirFake() as server:
-        code, out = _run(TASKS, db, "--backbone", "openai", "--model", "fake-fhir", "--base-url", server.base_url,
+        code, out = run_fhir(TASKS, db, "--backbone", "openai", "--model", "fake-fhir", "--base-url", server.base_url,
                          "--task-type", "1", "--limit", "2", "--run-id", "m1", env=env)
     assert code == 0, out
     assert out["backbone"] == "openai" and out["correct"] == 2 and out["memory"]["rules"] == 1
@@ -206,7 +161,7 @@ def test_openai_backbone_acts_and_reflects_and_the_record_backend_reserves_it(tm
         types = [e.type for e in s.read("m1")]
     assert types.count("llm.exchange") == 6 and "rule.added" in types
 
-    code, rec = _run(TASKS, db, "--backbone", "record", "--record-from", "m1", "--task-type", "1", "--limit", "2",
+    code, rec = run_fhir(TASKS, db, "--backbone", "record", "--record-from", "m1", "--task-type", "1", "--limit", "2",
                      env=env)
     assert code == 0, rec
     assert rec["run_id"] == "m1-record" and rec["fingerprint"] == out["fingerprint"] and rec["correct"] == 2
