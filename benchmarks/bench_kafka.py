@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +79,11 @@ class ChangelogWatch:
         self.batches = 0
 
     async def __aenter__(self):
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False)
+        # Batched fetches (up to 25 ms apart) and no JSON decoding: the observer shares the two cores
+        # with the broker and the worker, so it should take as little of them as it can. Its end
+        # time can be late by up to one fetch wait.
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+                                         fetch_min_bytes=256 * 1024, fetch_max_wait_ms=25)
         await self.consumer.start()
         tps = [TopicPartition(self.topics.changelog, p) for p in range(self.partitions)]
         self.consumer.assign(tps)
@@ -95,10 +100,12 @@ class ChangelogWatch:
             for rec in records:
                 self.batches += 1
                 self.last_batch_at = time.monotonic()
-                body = json.loads(rec.value)
-                done = sum(1 for e in body["events"] if e["type"] == "case.completed")
+                # encode_batch writes compact JSON, so an event's type reads exactly like this (inside
+                # a payload string the quotes would be escaped).
+                done = rec.value.count(b'"type":"case.completed"')
                 if done:
-                    self.completed[body["run_id"]] = self.completed.get(body["run_id"], 0) + done
+                    run_id = dict(rec.headers)["run_id"].decode()
+                    self.completed[run_id] = self.completed.get(run_id, 0) + done
 
     async def until(self, cond, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -117,8 +124,9 @@ def spawn(bootstrap: str, db: Path, log: Path, name: str, profile: str | None = 
         prof = ["-m", "cProfile", "-o", str(PROFILE_DIR / f"{profile}.prof")]
     cmd = [sys.executable, *prof, "-m", "grandrounds", "worker", "--broker", f"kafka://{bootstrap}", "--db", str(db),
            "--group", PREFIX + "g", "--topic-prefix", PREFIX, "--name", name, "--json"]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=open(log, "ab"), stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=open(log, "ab"), stdin=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    return proc
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -128,6 +136,26 @@ def cpu_seconds(pid: int | None) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, TypeError):
         return 0.0
+
+
+def thread_cpu(pid: int) -> list:
+    """CPU seconds per thread (grouped by name) since the process started: shows where the CPU
+    went — for the broker, JIT compiler threads against request handling."""
+    agg: Counter = Counter()
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (t / "comm").read_text().strip()
+            f = (t / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if t.name == str(pid):
+            name = "main"
+        elif comm.startswith("python"):  # Python's threads keep the process's name: tell them apart by id
+            name = f"thread-{t.name}"
+        else:  # JVM threads: "C1 CompilerThre", "data-plane-kafk"…, numbered per pool
+            name = comm.rstrip("0123456789-_#")
+        agg[name] += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    return [(k, round(v, 2)) for k, v in agg.most_common(8)]
 
 
 def wait_ready(log: Path, marker_count: int, timeout: float = 120) -> None:
@@ -161,7 +189,6 @@ async def restart_time(bootstrap: str, topics: Topics, spec, cases, db: Path, lo
         await watch.until(lambda: watch.completed.get(rid, 0) >= max(1, len(cases) // 3), 600)
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
-        killed = time.monotonic()
         while True:  # read everything the killed worker wrote, so the next batch is the new one's
             before = watch.batches
             await watch.poll(500)
@@ -187,6 +214,10 @@ def main() -> None:
     ap.add_argument("--skip-restart", action="store_true", help="leave out the restart measurement")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="leave out the unmeasured warm-up run, so the first timed phase meets a cold broker JVM")
+    ap.add_argument("--broker-prop", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra server.properties entry for the benchmark's broker (repeatable)")
+    ap.add_argument("--broker-jvm", action="append", default=[], metavar="OPT",
+                    help="extra JVM option for the benchmark's broker (repeatable), e.g. --broker-jvm=-XX:+UseSerialGC")
     args = ap.parse_args()
     global PROFILE_DIR
     if args.profile:
@@ -216,7 +247,9 @@ def main() -> None:
             ref = run_cases(store, cases, spec, run_id="reference", commit="stage").summary
             out["embedded_stage_commit_cases_per_s"] = round(len(cases) / (time.monotonic() - t0), 1)
 
-        broker = KafkaBroker()
+        props = dict(kv.split("=", 1) for kv in args.broker_prop)
+        broker = KafkaBroker(extra_properties=props, jvm_opts=tuple(args.broker_jvm))
+        out["broker_tuning"] = {"properties": props, "jvm": args.broker_jvm}
         broker.start()
         out["broker_start_s"] = round(broker.start_seconds, 2)
         try:
@@ -243,6 +276,7 @@ def main() -> None:
                 cpu = {"worker": cpu_seconds(worker.pid), "broker": cpu_seconds(broker.pid), "bench": time.process_time()}
                 timeline["cpu_ms_per_case"] = {k: round((cpu[k] - cpu0[k]) * 1000 / (len(phase_ids) * len(cases)), 2)
                                                for k in cpu}
+                threads = thread_cpu(worker.pid)
                 worker.send_signal(signal.SIGTERM)
                 stdout, _ = worker.communicate(timeout=60)
                 stats = json.loads(stdout.decode().strip().splitlines()[-1])
@@ -252,8 +286,10 @@ def main() -> None:
                               "duckdb_commits": stats.get("commits"),
                               "redeliveries_skipped": stats["skipped_redeliveries"],
                               "own_deliveries": stats.get("own_deliveries", 0),
-                              "embedding_cache_misses": stats.get("embedding_cache_misses")}
+                              "embedding_cache_misses": stats.get("embedding_cache_misses"),
+                              "worker_threads_cpu_s": threads}
 
+            out["broker_threads_cpu_s"] = thread_cpu(broker.pid)
             with EventStore(db, read_only=True) as store:
                 fps = {r: store.fingerprint(r) for r in ["bench-single", *ids]}
             out["fingerprints_equal_embedded"] = all(f == ref["fingerprint"] for f in fps.values())
@@ -292,6 +328,8 @@ def main() -> None:
     if "restart" in out:
         print(f"  restart → processing    {out['restart']['restart_to_processing_s']:.2f} s "
               "(new process started → its first changelog batch; SIGKILLed mid-run, same --name and file)")
+    print("  broker CPU by thread    " + ", ".join(f"{n} {v:.1f} s" for n, v in out["broker_threads_cpu_s"][:4])
+          + " (whole benchmark)")
     print(f"  fingerprints = embedded {out['fingerprints_equal_embedded']}")
 
 

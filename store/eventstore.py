@@ -243,7 +243,7 @@ class EventStore:
             return
         cols = list(zip(*[
             (e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
-             canonical_json(e.payload), canonical_json(e.meta), e.chain) for e in rows
+             e.canonical_payload(), canonical_json(e.meta), e.chain) for e in rows
         ]))
         conn.execute(
             "INSERT INTO events SELECT * FROM (SELECT "
@@ -271,7 +271,7 @@ class EventStore:
             version = ev.payload.schema_version
             chain = _chain_link(chain, seq, ev.type, version, ev.case_id, ev.causation_seq, payload_json)
             out.append(StoredEvent(run_id, seq, ev.type, version, ev.case_id, ev.causation_seq,
-                                   payload, dict(ev.meta), chain))
+                                   payload, dict(ev.meta), chain, payload_json))
         return out
 
     def import_events(self, events: Sequence[StoredEvent]) -> None:
@@ -420,16 +420,20 @@ class EventStore:
                 cls._write_offset(conn, c)
             return
         keys = list(latest)
+        # No RETURNING (it doubled the statement's cost): the count says whether a row is missing,
+        # which happens once per partition, the first time this file stores a position for it.
         updated = conn.execute(
             "UPDATE consumer_offsets SET next_offset = v.o FROM (SELECT unnest(?::VARCHAR[]) AS g, "
             "unnest(?::VARCHAR[]) AS t, unnest(?::INTEGER[]) AS p, unnest(?::BIGINT[]) AS o) AS v "
             "WHERE consumer_offsets.group_id = v.g AND consumer_offsets.topic = v.t "
-            "AND consumer_offsets.partition = v.p "
-            "RETURNING consumer_offsets.group_id, consumer_offsets.topic, consumer_offsets.partition",
+            "AND consumer_offsets.partition = v.p",
             [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
              [latest[k].next_offset for k in keys]],
-        ).fetchall()
-        present = {(g, t, int(p)) for g, t, p in updated}
+        ).fetchone()
+        if updated and updated[0] == len(keys):
+            return
+        present = {(g, t, int(p)) for g, t, p in conn.execute(
+            "SELECT group_id, topic, partition FROM consumer_offsets").fetchall()}
         for k in keys:
             if k not in present:
                 conn.execute("INSERT INTO consumer_offsets VALUES (?, ?, ?, ?)", [*k, latest[k].next_offset])

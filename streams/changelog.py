@@ -27,18 +27,25 @@ log = logging.getLogger("grandrounds.kafka")
 
 
 def encode_batch(events: Sequence[StoredEvent]) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """One changelog message: {"run_id", "events": [envelope + payload, ...]}, compact JSON.
+
+    Each payload goes in as the canonical JSON the writer already built for its chain hash
+    (`StoredEvent.canonical_payload`): serialising it again cost as much as the rest of the step.
+    """
     run_id = events[0].run_id
-    body = {
-        "run_id": run_id,
-        "events": [
-            {"seq": e.seq, "type": e.type, "schema_version": e.schema_version, "case_id": e.case_id,
-             "causation_seq": e.causation_seq, "payload": e.payload, "meta": e.meta, "chain": e.chain}
-            for e in events
-        ],
-    }
+    parts = []
+    for e in events:
+        envelope = _dumps({"seq": e.seq, "type": e.type, "schema_version": e.schema_version, "case_id": e.case_id,
+                           "causation_seq": e.causation_seq, "meta": e.meta, "chain": e.chain})
+        parts.append(f'{envelope[:-1]},"payload":{e.canonical_payload()}}}')
+    body = f'{{"run_id":{_dumps(run_id)},"events":[{",".join(parts)}]}}'
     headers = [("run_id", run_id.encode()), ("first_seq", str(events[0].seq).encode()),
                ("last_seq", str(events[-1].seq).encode()), ("content-type", b"application/json")]
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"), headers
+    return body.encode("utf-8"), headers
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def batch_span(headers: Iterable[tuple[str, bytes]]) -> tuple[str, int, int] | None:

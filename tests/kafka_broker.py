@@ -116,6 +116,7 @@ class KafkaBroker:
         start_timeout: float = 60.0,
         num_partitions: int = 8,
         extra_properties: dict[str, str] | None = None,
+        jvm_opts: tuple[str, ...] = (),
     ) -> None:
         self.libs = libs or kafka_libs_dir()
         if self.libs is None:
@@ -135,6 +136,11 @@ class KafkaBroker:
         self.start_seconds: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._formatted = False
+        # C1 only (TieredStopAtLevel=1): a test or benchmark broker lives for seconds to minutes, and
+        # on 2 cores C2's compiler threads took more CPU than the broker's request handling (5.2 s vs
+        # 3.0 s over benchmarks/bench_kafka.py), starving the worker; C1-compiled code serves this
+        # load with less CPU in total. A long-running production broker keeps the JVM's default.
+        self.jvm_opts = ("-Xmx512m", "-Xms256m", "-XX:TieredStopAtLevel=1", *jvm_opts)
         self._write_properties(num_partitions, extra_properties or {})
         atexit.register(self._atexit)
 
@@ -158,7 +164,7 @@ class KafkaBroker:
         log = open(self.log_path, "ab")
         try:
             self._proc = subprocess.Popen(
-                self._java_cmd("kafka.Kafka", str(self.properties_path), jvm_opts=("-Xmx512m", "-Xms256m")),
+                self._java_cmd("kafka.Kafka", str(self.properties_path), jvm_opts=self.jvm_opts),
                 cwd=self.dir,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -270,6 +276,7 @@ class KafkaBroker:
         cmd = self._java_cmd(
             "kafka.tools.StorageTool", "format",
             "-t", self.cluster_id, "-c", str(self.properties_path), "--standalone",
+            jvm_opts=("-XX:TieredStopAtLevel=1",),  # a one-shot tool: C2 would only burn CPU
         )
         res = subprocess.run(cmd, cwd=self.dir, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
         with open(self.log_path, "ab") as log:

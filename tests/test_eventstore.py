@@ -134,3 +134,23 @@ def test_import_rejects_altered_events(store: EventStore):
     with pytest.raises(Exception, match="chain hash mismatch"):
         other.import_events(forged)
     assert other.read("r") == []
+
+
+def test_group_commit_stores_each_partitions_position_new_or_known(store: EventStore):
+    # A group commit stores several partitions' positions at once; the first time a partition
+    # appears its row is created, later commits move it, and a rolled-back batch moves nothing.
+    from store.eventstore import ConsumedOffset
+
+    def pos(topic, partition, offset):
+        return ConsumedOffset("g", topic, partition, offset)
+
+    store.append_many([("r", [NewEvent(ev.CaseReceived(index=0, case={"case_id": "c0"}), case_id="c0")], -1)],
+                      [pos("act", 0, 5)])
+    store.append_many([("r", [NewEvent(ev.CaseCompleted(index=0, correct=True), case_id="c0")], 0)],
+                      [pos("act", 0, 9), pos("act", 1, 3), pos("govern", 0, 2)])
+    assert store.consumer_offsets("g") == {("act", 0): 9, ("act", 1): 3, ("govern", 0): 2}
+    with pytest.raises(ConcurrencyConflict):
+        store.append_many([("r", [NewEvent(ev.CaseCompleted(index=1, correct=True), case_id="c1")], 0)],
+                          [pos("act", 0, 12), pos("act", 2, 1)])
+    store.append_many([], [pos("act", 0, 10), pos("act", 1, 4), pos("govern", 0, 2)])
+    assert store.consumer_offsets("g") == {("act", 0): 10, ("act", 1): 4, ("govern", 0): 2}

@@ -99,6 +99,21 @@ def _events(store: EventStore, run: str, n: int):
     return store.read(run)
 
 
+def test_a_changelog_message_is_the_same_whether_the_writer_or_a_reader_encodes_the_batch():
+    # The worker encodes rows fresh from preview (payload JSON cached from the chain hash); collect
+    # and restores re-encode rows read back from DuckDB (no cache). Same bytes, same events.
+    store = EventStore(":memory:")
+    fresh = store.preview("r", [NewEvent(RunStarted(policy_name="none", policy={"note": "ünïcode \"q\""},
+                                                    backbone="sim", seed=0, embedder="m"))], -1)
+    assert fresh[0].payload_json is not None
+    store.append("r", [NewEvent(RunStarted(policy_name="none", policy={"note": "ünïcode \"q\""}, backbone="sim",
+                                           seed=0, embedder="m"))], -1)
+    read_back = store.read("r")
+    assert read_back[0].payload_json is None
+    assert encode_batch(fresh) == encode_batch(read_back)
+    assert decode_batch(encode_batch(fresh)[0]) == read_back
+
+
 def test_changelog_roundtrip_import_skips_what_is_there_and_refuses_gaps():
     src = EventStore(":memory:")
     events = _events(src, "r", 4)
