@@ -1,7 +1,7 @@
 """Kafka transport numbers (DESIGN §9, issue 4), against a real Apache Kafka broker.
 
-    python benchmarks/bench_kafka.py [--cases 78] [--runs 8] [--json] [--no-warmup] [--skip-restart]
-                                     [--profile DIR]
+    python benchmarks/bench_kafka.py [--cases 78] [--runs 8] [--repeat N] [--json] [--no-warmup]
+                                     [--skip-restart] [--profile DIR] [--broker-prop K=V] [--broker-jvm OPT]
 
 Starts a single-node Kafka 4.x broker from the jars of `.ci/kafka/fetch.sh` (its start time
 is reported), warms a DuckDB embedding cache with one embedded run of the cases (so the
@@ -56,11 +56,11 @@ PREFIX = "bench."
 TOOLS = {"ddx-lookup": 0.85}
 
 
-def run_ids(n: int, partitions: int = 8) -> list[str]:
+def run_ids(n: int, partitions: int = 8, prefix: str = "bench-") -> list[str]:
     """n run ids on n different partitions (so they run in parallel)."""
     out, used, i = [], set(), 0
     while len(out) < n:
-        rid = f"bench-{i}"
+        rid = f"{prefix}{i}"
         p = partition_for(rid, partitions)
         if p not in used or len(used) == partitions:
             out.append(rid)
@@ -210,7 +210,8 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=78, help="first N cases of examples/cases.jsonl (default: all 78)")
     ap.add_argument("--runs", type=int, default=8, help="parallel runs in the second measurement")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--profile", metavar="DIR", help="run each phase's worker under cProfile; write DIR/<phase>.prof")
+    ap.add_argument("--profile", metavar="DIR", help="run each phase's worker under cProfile; write DIR/<n>-<phase>.prof")
+    ap.add_argument("--repeat", type=int, default=1, help="measure each phase N times; report the median (default 1)")
     ap.add_argument("--skip-restart", action="store_true", help="leave out the restart measurement")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="leave out the unmeasured warm-up run, so the first timed phase meets a cold broker JVM")
@@ -258,15 +259,19 @@ def main() -> None:
             db = work / "worker.duckdb"
             shutil.copyfile(warm, db)
             log = work / "worker.log"
-            ids = run_ids(args.runs)
-            phases = [("one_run", ["bench-single"]), ("parallel_runs", ids)]
+            # Each measured phase --repeat times, with new run ids (a run id already processed would
+            # only be skipped); the report keeps the median repetition and lists them all.
+            phases = []
+            for r in range(args.repeat):
+                phases += [("one_run", [f"bench-single-{r}"]), ("parallel_runs", run_ids(args.runs, prefix=f"bench-{r}-"))]
             if args.warmup:
                 phases.insert(0, ("warmup", ["bench-warmup"]))
             out["warmup"] = args.warmup
+            measured: dict[str, list[dict]] = {}
             for n, (phase, phase_ids) in enumerate(phases, start=1):
                 # A worker per phase, so its latency figures are that phase's alone.
                 t_spawn = time.monotonic()
-                worker = spawn(boot, db, log, "bench-w", profile=phase)
+                worker = spawn(boot, db, log, "bench-w", profile=f"{n}-{phase}")
                 wait_ready(log, n)
                 if n == 1:
                     out["worker_start_to_ready_s"] = round(time.monotonic() - t_spawn, 2)
@@ -276,22 +281,28 @@ def main() -> None:
                 cpu = {"worker": cpu_seconds(worker.pid), "broker": cpu_seconds(broker.pid), "bench": time.process_time()}
                 timeline["cpu_ms_per_case"] = {k: round((cpu[k] - cpu0[k]) * 1000 / (len(phase_ids) * len(cases)), 2)
                                                for k in cpu}
+                # Share of the machine's cores the three processes kept busy: near 1.0 the phase is
+                # CPU-bound, and only less CPU per case makes it faster.
+                timeline["cpu_utilisation"] = round(sum(cpu[k] - cpu0[k] for k in cpu) / (seconds * (os.cpu_count() or 1)), 2)
                 threads = thread_cpu(worker.pid)
                 worker.send_signal(signal.SIGTERM)
                 stdout, _ = worker.communicate(timeout=60)
                 stats = json.loads(stdout.decode().strip().splitlines()[-1])
-                out[phase] = {"runs": len(phase_ids), "seconds": round(seconds, 2), **timeline,
+                measured.setdefault(phase, []).append({"runs": len(phase_ids), "seconds": round(seconds, 2), **timeline,
                               "cases_per_s": round(len(phase_ids) * len(cases) / seconds, 1),
                               "stage_latency_ms": stats["latency_ms"], "worker_peak_rss_mb": stats["peak_rss_mb"],
                               "duckdb_commits": stats.get("commits"),
                               "redeliveries_skipped": stats["skipped_redeliveries"],
                               "own_deliveries": stats.get("own_deliveries", 0),
                               "embedding_cache_misses": stats.get("embedding_cache_misses"),
-                              "worker_threads_cpu_s": threads}
+                              "worker_threads_cpu_s": threads, "run_ids": phase_ids})
 
+            for phase, reps in measured.items():
+                ranked = sorted(reps, key=lambda m: m["cases_per_s"])
+                out[phase] = {**ranked[len(ranked) // 2], "repeats_cases_per_s": [m["cases_per_s"] for m in reps]}
             out["broker_threads_cpu_s"] = thread_cpu(broker.pid)
             with EventStore(db, read_only=True) as store:
-                fps = {r: store.fingerprint(r) for r in ["bench-single", *ids]}
+                fps = {r: store.fingerprint(r) for reps in measured.values() for m in reps for r in m["run_ids"]}
             out["fingerprints_equal_embedded"] = all(f == ref["fingerprint"] for f in fps.values())
 
             if not args.skip_restart:
@@ -314,10 +325,12 @@ def main() -> None:
     for phase in ("one_run", "parallel_runs"):
         ph = out[phase]
         cpu = ph["cpu_ms_per_case"]
-        print(f"  {ph['runs']} run(s) end to end    {ph['cases_per_s']:.1f} cases/s ({ph['runs'] * args.cases} cases in "
+        reps = "" if len(ph["repeats_cases_per_s"]) == 1 else f" (median of {ph['repeats_cases_per_s']})"
+        print(f"  {ph['runs']} run(s) end to end    {ph['cases_per_s']:.1f} cases/s{reps} ({ph['runs'] * args.cases} cases in "
               f"{ph['seconds']:.1f} s; worker peak RSS {ph['worker_peak_rss_mb']:.0f} MB; DuckDB transactions "
               f"{ph['duckdb_commits']['transactions']} for {ph['duckdb_commits']['stage_batches']} stage batches)")
-        print(f"    CPU ms per case       worker {cpu['worker']}, broker {cpu['broker']}, observer {cpu['bench']}; "
+        print(f"    CPU ms per case       worker {cpu['worker']}, broker {cpu['broker']}, observer {cpu['bench']} "
+              f"(cores busy {ph['cpu_utilisation']:.0%}); "
               f"commands taken up on their produce ack: {ph['own_deliveries']}")
         print("    stage latency (ms)    service p50/p99      hop p50/p99")
         for stage, lat in ph["stage_latency_ms"].items():

@@ -548,7 +548,10 @@ class KafkaWorker:
 
     # --- commits -------------------------------------------------------------------------
 
-    async def _commit_loop(self, every: float = 0.2) -> None:
+    async def _commit_loop(self, every: float = 1.0) -> None:
+        # The group's offsets only matter to a worker without this one's file (a takeover), which
+        # skips what it finds done in the log anyway; each round is a request per stage consumer,
+        # so once a second (Kafka's own auto-commit waits 5 s). Revocation and shutdown commit at once.
         while True:
             await asyncio.sleep(every)
             try:
