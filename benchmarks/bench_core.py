@@ -19,7 +19,6 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import ms_summary, peak_rss_mb, seed_run  # noqa: E402
+from benchmarks.common import bench_store, peak_rss_mb, seed_run, synthetic_words, unit_vector  # noqa: E402
 
 from handlers.cases import load_cases  # noqa: E402
 from handlers.pipeline import process_case  # noqa: E402
@@ -36,22 +35,14 @@ from handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
 from handlers.policies.evo_medagent import evo_retrieve as _evo_retrieve, select_episodes, select_rules  # noqa: E402
 from handlers.runs import RunSpec, open_run  # noqa: E402
 from store import event_types as ev  # noqa: E402
-from store.embeddings import EmbeddingCache, shared_minilm  # noqa: E402
-from store.eventstore import EventStore  # noqa: E402
 from store.events import NewEvent  # noqa: E402
 from store.projection import open_projection, rebuild, save_checkpoint  # noqa: E402
-
-VOCAB = ("fever cough dyspnea chest pain syncope rash headache vomiting confusion tachycardia hypotension "
-         "wheeze edema jaundice hematuria seizure weakness numbness pallor cyanosis murmur effusion "
-         "consolidation nodule cavitation infiltrate pneumothorax cardiomegaly atelectasis").split()
-
 
 def synthetic_memory(n_items: int, rng: np.random.Generator) -> tuple[list[NewEvent], dict[str, np.ndarray]]:
     events, vectors = [], {}
     for i in range(n_items):
-        words = [VOCAB[j] for j in rng.choice(len(VOCAB), 6, replace=False)]
-        vec = rng.standard_normal(384).astype(np.float32)
-        vec /= np.linalg.norm(vec)
+        words = synthetic_words(rng)
+        vec = unit_vector(rng)
         if i % 2 == 0:
             text = f"If the presentation includes {', '.join(words)}: favour 'option {i}'."
             events.append(NewEvent(ev.RuleAdded(rule_id=f"rule-syn-{i}", text=text, trigger=words,
@@ -74,9 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     out: dict = {"items": args.items, "cases": args.cases}
-    tmp = Path(tempfile.mkdtemp(prefix="gr-bench-"))
-    store = EventStore(tmp / "bench.duckdb")
-    cache = EmbeddingCache(shared_minilm(), store.conn)
+    store, cache = bench_store("gr-bench-")
     spec = RunSpec(policy=EvoMedAgentPolicy(), seed=0)
 
     # --- append throughput: batched vs one event per transaction --------------------------

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,31 +29,23 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import ms_summary, peak_rss_mb, seed_run  # noqa: E402
+from benchmarks.common import bench_store, ms_summary, peak_rss_mb, seed_run, synthetic_words, unit_vector  # noqa: E402
 
 from handlers.cases import load_cases  # noqa: E402
 from handlers.pipeline import process_case  # noqa: E402
 from handlers.policies.retrosum.config import RetroSumPolicy  # noqa: E402
 from handlers.policies.retrosum.policy import RetroSumMemory  # noqa: E402
 from handlers.runs import RunSpec, open_run  # noqa: E402
-from store.embeddings import EmbeddingCache, shared_minilm  # noqa: E402
-from store.eventstore import EventStore  # noqa: E402
 from store.events import NewEvent  # noqa: E402
 from store.experience_events import ExperienceStored, Lesson  # noqa: E402
 from store.projection import rebuild  # noqa: E402
 
-VOCAB = ("fever cough dyspnea chest pain syncope rash headache vomiting confusion tachycardia hypotension "
-         "wheeze edema jaundice hematuria seizure weakness numbness pallor cyanosis murmur effusion "
-         "consolidation nodule cavitation infiltrate pneumothorax cardiomegaly atelectasis").split()
-
-
 def synthetic_bank(n: int, rng: np.random.Generator) -> tuple[list[NewEvent], dict[str, np.ndarray]]:
     events, vectors = [], {}
     for i in range(n):
-        words = [VOCAB[j] for j in rng.choice(len(VOCAB), 6, replace=False)]
+        words = synthetic_words(rng)
         context = f"Synthetic patient {i} presents with {', '.join(words)}."
-        vec = rng.standard_normal(384).astype(np.float32)
-        vectors[context] = vec / np.linalg.norm(vec)
+        vectors[context] = unit_vector(rng)
         events.append(NewEvent(ExperienceStored(
             experience_id=f"exp-syn-{i:05d}", source_case_id=f"syn-{i}", context=context,
             actor_lessons=[Lesson(text=f"When the presentation includes {', '.join(words)}: favour 'option {i}'.",
@@ -72,8 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     out: dict = {"experiences": args.experiences, "cases": args.cases, "backbone": "sim"}
-    store = EventStore(Path(tempfile.mkdtemp(prefix="gr-bench-retrosum-")) / "bench.duckdb")
-    cache = EmbeddingCache(shared_minilm(), store.conn)
+    store, cache = bench_store("gr-bench-retrosum-")
     spec = RunSpec(policy=RetroSumPolicy(), seed=0)
     events, vectors = synthetic_bank(args.experiences, rng)
     for text, vec in vectors.items():

@@ -19,7 +19,6 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import ms_summary, peak_rss_mb, seed_run  # noqa: E402
+from benchmarks.common import bench_store, seed_run, synthetic_words, unit_vector  # noqa: E402
 
 from handlers.cases import load_cases  # noqa: E402
 from handlers.pipeline import process_case  # noqa: E402
@@ -37,15 +36,8 @@ from handlers.policies.skemex.config import SkeMexPolicy  # noqa: E402
 from handlers.policies.skemex.policy import case_tools, skill_memory  # noqa: E402
 from handlers.runs import RunSpec, open_run  # noqa: E402
 from store import skill_events as sk  # noqa: E402
-from store.embeddings import EmbeddingCache, shared_minilm  # noqa: E402
-from store.eventstore import EventStore  # noqa: E402
 from store.events import NewEvent  # noqa: E402
 from store.skill_memory import skill_key_text  # noqa: E402
-
-VOCAB = ("fever cough dyspnea chest pain syncope rash headache vomiting confusion tachycardia hypotension "
-         "wheeze edema jaundice hematuria seizure weakness numbness pallor cyanosis murmur effusion "
-         "consolidation nodule cavitation infiltrate pneumothorax cardiomegaly atelectasis").split()
-
 
 def synthetic_skills(n: int, categories: list[str], dim: int, rng: np.random.Generator
                      ) -> tuple[list[NewEvent], dict[str, np.ndarray]]:
@@ -56,13 +48,12 @@ def synthetic_skills(n: int, categories: list[str], dim: int, rng: np.random.Gen
         branch = "general" if i % 5 < 2 else "task"
         sid = f"{branch[0]}{counters[branch]:06d}"
         counters[branch] += 1
-        words = [VOCAB[j] for j in rng.choice(len(VOCAB), 6, replace=False)]
+        words = synthetic_words(rng)
         body = sk.SkillBody(name=f"synthetic_{i}", description=f"When a case presents with {', '.join(words[:3])}.",
                             applicable_conditions=f"The presentation includes {', '.join(words)}.",
                             core_action=f"If the presentation includes {', '.join(words)}: favour 'option {i}'.",
                             trigger=words)
-        vec = rng.standard_normal(dim).astype(np.float32)
-        vectors[skill_key_text(body)] = vec / np.linalg.norm(vec)
+        vectors[skill_key_text(body)] = unit_vector(rng, dim)
         cat = categories[i % len(categories)] if branch == "task" else None
         events.append(NewEvent(sk.SkillDrafted(skill_id=sid, branch=branch, category=cat, body=body, utility=0.5,
                                                source_case_id=f"syn-{i}"), f"syn-{i}"))
@@ -78,9 +69,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    tmp = Path(tempfile.mkdtemp(prefix="gr-bench-skemex-"))
-    store = EventStore(tmp / "bench.duckdb")
-    cache = EmbeddingCache(shared_minilm(), store.conn)
+    store, cache = bench_store("gr-bench-skemex-")
     spec = RunSpec(policy=SkeMexPolicy(capacity=False), seed=0)
     base = load_cases(ROOT / "examples" / "cases.jsonl")[0]
     categories = sorted({c.category for c in base})

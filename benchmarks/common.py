@@ -4,12 +4,38 @@ from __future__ import annotations
 
 import resource
 import statistics
+import tempfile
 import time
+from pathlib import Path
+
+import numpy as np
 
 from handlers.runs import RunSpec
-from store.embeddings import EmbeddingCache
+from store.embeddings import EmbeddingCache, shared_minilm
 from store.events import NewEvent
 from store.eventstore import EventStore
+
+VOCAB = ("fever cough dyspnea chest pain syncope rash headache vomiting confusion tachycardia hypotension "
+         "wheeze edema jaundice hematuria seizure weakness numbness pallor cyanosis murmur effusion "
+         "consolidation nodule cavitation infiltrate pneumothorax cardiomegaly atelectasis").split()
+"""Findings the synthetic memories are written from."""
+
+
+def synthetic_words(rng: np.random.Generator, k: int = 6) -> list[str]:
+    """k distinct findings: the trigger words of one synthetic memory item."""
+    return [VOCAB[j] for j in rng.choice(len(VOCAB), k, replace=False)]
+
+
+def unit_vector(rng: np.random.Generator, dim: int = 384) -> np.ndarray:
+    """A random float32 direction: a synthetic item's embedding (the items need not mean anything)."""
+    vec = rng.standard_normal(dim).astype(np.float32)
+    return vec / np.linalg.norm(vec)
+
+
+def bench_store(prefix: str) -> tuple[EventStore, EmbeddingCache]:
+    """A fresh DuckDB file in a temp folder and an embedding cache on it."""
+    store = EventStore(Path(tempfile.mkdtemp(prefix=prefix)) / "bench.duckdb")
+    return store, EmbeddingCache(shared_minilm(), store.conn)
 
 
 def seed_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCache, events: list[NewEvent]) -> float:
