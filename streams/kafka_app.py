@@ -106,9 +106,6 @@ def _dead_letter_middleware(owner: "KafkaWorkerApp") -> type[BaseMiddleware]:
         """Any message whose body does not validate goes to the dead-letter topic with the error."""
 
         async def consume_scope(self, call_next, msg):
-            worker = owner.worker
-            if worker is not None and worker.echo(msg.raw_message):
-                return None  # a command the worker delivered to itself on the produce ack: done already
             try:
                 return await call_next(msg)
             except (ValidationError, ValueError, UnicodeDecodeError) as exc:
