@@ -294,6 +294,7 @@ def main() -> None:
                               "duckdb_commits": stats.get("commits"),
                               "redeliveries_skipped": stats["skipped_redeliveries"],
                               "own_deliveries": stats.get("own_deliveries", 0),
+                              "echoes_dropped": stats.get("echoes", 0),
                               "embedding_cache_misses": stats.get("embedding_cache_misses"),
                               "worker_threads_cpu_s": threads, "run_ids": phase_ids})
 
