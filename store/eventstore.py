@@ -88,6 +88,13 @@ def _chain_link(prev: str, seq: int, type_: str, version: int, case_id, causatio
     return sha256_hex(f"{prev}\n{body}\n{payload_json}")
 
 
+def _continues(head: tuple[int, str], first: StoredEvent) -> bool:
+    """Whether a prepared row is the next one after `head` (its seq, and its chain link from the head's)."""
+    return first.seq == head[0] + 1 and first.chain == _chain_link(
+        head[1], first.seq, first.type, first.schema_version, first.case_id, first.causation_seq,
+        first.canonical_payload())
+
+
 class EventStore:
     """Append-only run logs in one DuckDB file (":memory:" for a throwaway store)."""
 
@@ -172,6 +179,20 @@ class EventStore:
         batch still all-or-nothing (they all are). Same checks as `append`; a conflict on any
         batch aborts them all.
         """
+        return self._append(batches, consumed, prepared=False)
+
+    def append_prepared(self, batches: Sequence[tuple[str, Sequence[StoredEvent], int]],
+                        consumed: Sequence[ConsumedOffset] = ()) -> list[list[StoredEvent]]:
+        """`append_many` for rows already built by `preview` / `preview_after` (seqs, chain hashes).
+
+        The Kafka worker builds each batch's rows once, to publish them to the changelog; writing
+        those rows, rather than building them again on the commit thread, spares a second dump,
+        canonical JSON and hash of every event. The checks are the same: each batch must continue
+        the log where it stands (its first seq, and its first chain link recomputed from the head).
+        """
+        return self._append(batches, consumed, prepared=True)
+
+    def _append(self, batches, consumed: Sequence[ConsumedOffset], prepared: bool) -> list[list[StoredEvent]]:
         conn = self.conn
         conn.execute("BEGIN TRANSACTION")
         touched: dict[str, tuple[int, str]] = {}
@@ -189,7 +210,11 @@ class EventStore:
                         f"run {run_id!r}: expected last seq {expected_seq}, the log is at {head[0]}; "
                         "another writer appended first — reload and retry"
                     )
-                stored = self._build_rows(run_id, events, head)
+                stored = list(events) if prepared else self._build_rows(run_id, events, head)
+                if prepared and stored and not _continues(head, stored[0]):
+                    raise ConcurrencyConflict(
+                        f"run {run_id!r}: the prepared batch does not continue the log at seq {head[0]}; "
+                        "another writer appended first — reload and retry")
                 if stored:
                     touched[run_id] = (stored[-1].seq, stored[-1].chain)
                 out.append(stored)

@@ -177,7 +177,6 @@ class Step:
     actor: "RunActor"
     d: Delivery
     stage: str
-    events: list[NewEvent]
     expected_seq: int
     batch: list[StoredEvent]
     logged: asyncio.Future | None
@@ -338,8 +337,8 @@ class Committer:
         """The transaction (on the commit thread): [(steps, positions, stored batches | the exception)]."""
         store = self.worker.store
         try:
-            return [(steps, positions, store.append_many(
-                [(s.actor.run_id, s.events, s.expected_seq) for s in steps], positions))]
+            return [(steps, positions, store.append_prepared(
+                [(s.actor.run_id, s.batch, s.expected_seq) for s in steps], positions))]
         except Exception as exc:  # noqa: BLE001 - commit run by run, so one bad run fails alone
             if not apart:
                 return [(steps, positions, exc)]
@@ -347,8 +346,8 @@ class Committer:
         out = []
         for run_steps, run_positions in apart:
             try:
-                out.append((run_steps, run_positions, store.append_many(
-                    [(s.actor.run_id, s.events, s.expected_seq) for s in run_steps], run_positions)))
+                out.append((run_steps, run_positions, store.append_prepared(
+                    [(s.actor.run_id, s.batch, s.expected_seq) for s in run_steps], run_positions)))
             except Exception as exc:  # noqa: BLE001
                 out.append((run_steps, run_positions, exc))
         return out
@@ -387,8 +386,6 @@ class Committer:
         actor = step.actor
         if step.dropped:
             return
-        if [e.chain for e in stored] != [e.chain for e in step.batch]:
-            log.critical("run %s: committed batch differs from the changelog batch", actor.run_id)
         w.stats.processed[step.stage] += 1
         w.stats.service_ms[step.stage].append((time.monotonic() - step.started) * 1000)
         if step.stage == "govern":
@@ -996,7 +993,7 @@ class RunActor:
             # changelog all the same; the step is taken up again from the reloaded log.
             self.waiting.setdefault(d.key, []).insert(0, d)
             return
-        step = Step(self, d, stage, events, ctx.writer.committed_seq, batch, logged, started,
+        step = Step(self, d, stage, ctx.writer.committed_seq, batch, logged, started,
                     asyncio.get_running_loop().create_future())
         # The writer goes on as if the batch were in the file: the next batch chains onto it.
         ctx.writer.pending = []

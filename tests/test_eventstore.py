@@ -154,3 +154,25 @@ def test_group_commit_stores_each_partitions_position_new_or_known(store: EventS
                           [pos("act", 0, 12), pos("act", 2, 1)])
     store.append_many([], [pos("act", 0, 10), pos("act", 1, 4), pos("govern", 0, 2)])
     assert store.consumer_offsets("g") == {("act", 0): 10, ("act", 1): 4, ("govern", 0): 2}
+
+
+def test_prepared_rows_are_written_as_previewed_and_must_continue_the_log(tmp_path):
+    # The Kafka worker publishes previewed rows to the changelog, then writes those same rows.
+    a, b = EventStore(tmp_path / "a.duckdb"), EventStore(tmp_path / "b.duckdb")
+    a.append("r", [_received(0), _received(1)], -1)
+    b.append("r", [_received(0), _received(1)], -1)
+    first = b.preview_after("r", [_received(2)], b.head("r"))
+    second = b.preview_after("r", [_received(3), _received(4)], (first[-1].seq, first[-1].chain))
+    b.append_prepared([("r", first, 1), ("r", second, 2)])  # consecutive steps in one transaction
+    a.append("r", [_received(2)], 1)
+    a.append("r", [_received(3), _received(4)], 2)
+    assert b.fingerprint("r") == a.fingerprint("r") and b.verify_chain("r") is None
+    # Rows previewed after a head the log has since moved past are refused, and nothing is written.
+    stale = b.preview_after("r", [_received(5)], (first[-1].seq, first[-1].chain))
+    with pytest.raises(ConcurrencyConflict):
+        b.append_prepared([("r", stale, 4)])
+    # Rows whose first link does not follow the head's chain (built on another log) are refused too.
+    forged = b.preview_after("r", [_received(5)], (4, "0" * 64))
+    with pytest.raises(ConcurrencyConflict):
+        b.append_prepared([("r", forged, 4)])
+    assert b.last_seq("r") == 4

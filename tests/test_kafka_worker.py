@@ -291,19 +291,19 @@ async def test_a_refused_duckdb_commit_reloads_the_run_and_restores_it_from_the_
     n = 6
     async with running_worker(boot, kafka_warm.worker_db(tmp_path), prefix) as app:
         store = app.store
-        append_many = store.append_many
+        append_prepared = store.append_prepared
         refused: list[int] = []
         feedbacks = [0]
 
         def flaky(batches, consumed=()):
-            seen = sum(1 for _, events, _ in batches for e in events if e.payload.event_type == "feedback.recorded")
+            seen = sum(1 for _, rows, _ in batches for e in rows if e.type == "feedback.recorded")
             if not refused and feedbacks[0] < 3 <= feedbacks[0] + seen:
                 refused.append(len(batches))
                 raise RuntimeError("disk full (test)")
             feedbacks[0] += seen
-            return append_many(batches, consumed)
+            return append_prepared(batches, consumed)
 
-        store.append_many = flaky  # the committer's thread calls it through the instance
+        store.append_prepared = flaky  # the committer's thread calls it through the instance
         await submit_run(boot, "run-f", kafka_warm.spec, kafka_warm.cases[:n], topics=topics)
         await wait_until(lambda: completed_cases(store, "run-f") == n, 60, "the run to finish")
         await app.worker.committer.settle()
