@@ -118,15 +118,36 @@ def rebuild(store: EventStore, run_id: str, cache: EmbeddingCache, upto_seq: int
     return proj
 
 
-def save_checkpoint(store: EventStore, run_id: str, proj: MemoryProjection) -> None:
+@dataclass(frozen=True)
+class Checkpoint:
+    """A projection frozen at `seq` (whose chain hash is `chain`), ready to be written."""
+
+    seq: int
+    chain: str
+    blob: bytes
+
+
+def checkpoint_of(proj: MemoryProjection) -> Checkpoint | None:
+    """Snapshot the projection now (a pickle: well under a millisecond for a small memory); None
+    before its first event. Writing it is the slow part (`write_checkpoint`), and can happen
+    later, on another thread, while the projection moves on."""
     if proj.seq < 0 or proj.last_chain is None:
+        return None
+    return Checkpoint(proj.seq, proj.last_chain, pickle.dumps(proj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def write_checkpoint(store: EventStore, run_id: str, checkpoint: Checkpoint | None) -> None:
+    if checkpoint is None:
         return
     store.conn.execute(CHECKPOINT_SCHEMA)
-    blob = pickle.dumps(proj, protocol=pickle.HIGHEST_PROTOCOL)
     store.conn.execute(
         "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?)",
-        [run_id, CHECKPOINT_NAME, proj.seq, proj.last_chain, PROJECTION_VERSION, blob],
+        [run_id, CHECKPOINT_NAME, checkpoint.seq, checkpoint.chain, PROJECTION_VERSION, checkpoint.blob],
     )
+
+
+def save_checkpoint(store: EventStore, run_id: str, proj: MemoryProjection) -> None:
+    write_checkpoint(store, run_id, checkpoint_of(proj))
 
 
 def open_projection(store: EventStore, run_id: str, cache: EmbeddingCache,

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from kafka_fixtures import (completed_cases, kafka_broker, kafka_warm, run_ids_on_partitions,  # noqa: F401
                             running_worker, unique_prefix, wait_until)
 from store.eventstore import EventStore
+from store.projection import open_projection
 from streams.producer import collect, follow_run, submit_run
 from streams.topics import Topics, partition_count, partition_for
 
@@ -79,6 +80,12 @@ async def test_run_over_kafka_equals_embedded_and_stores_offsets(kafka_broker, k
         await wait_until(lambda: stats.echoes >= stats.own_deliveries, 10, "the consumer's copies")
         assert stats.echoes == stats.own_deliveries
         assert sum(stats.processed.values()) == 5 * len(kafka_warm.cases)
+        # The run ended with a checkpoint of its last event (written off the event loop, on the
+        # commit thread): reopening it reads the checkpoint, no rebuild.
+        await app.worker.committer.idle()
+        head = app.store.head("run-a")
+        opened = open_projection(app.store, "run-a", app.worker.cache)
+        assert opened.how == "checkpoint" and opened.projection.seq == head[0]
         client.close()
 
 
