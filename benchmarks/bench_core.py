@@ -15,7 +15,6 @@ the machinery's cost, not embedding quality. Case questions are embedded by the 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import sys
@@ -27,10 +26,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import bench_store, peak_rss_mb, seed_run, synthetic_words, unit_vector  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    bench_store, peak_rss_mb, repeated_cases, seed_run, synthetic_words, time_cases, unit_vector)
 
 from handlers.cases import load_cases  # noqa: E402
-from handlers.pipeline import process_case  # noqa: E402
 from handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
 from handlers.policies.evo_medagent import evo_retrieve as _evo_retrieve, select_episodes, select_rules  # noqa: E402
 from handlers.runs import RunSpec, open_run  # noqa: E402
@@ -89,25 +88,11 @@ def main() -> None:
 
     # --- per-case overhead, warm cache ----------------------------------------------------
     base = load_cases(ROOT / "examples" / "cases.jsonl")[0]
-    cases = [c.model_copy(update={"case_id": f"{c.case_id}-{k}"})
-             for k in range((args.cases + len(base) - 1) // len(base)) for c in base][: args.cases]
+    cases = repeated_cases(base, args.cases)
 
     def run_cases(run_id: str, per_stage: bool) -> list[float]:
         ctx, _ = open_run(store, run_id, spec, cache)
-        times = []
-
-        async def flush(stage: str) -> None:
-            if per_stage or stage == "govern":
-                ctx.writer.flush()
-
-        async def go():
-            for i, case in enumerate(cases):
-                t0 = time.perf_counter()
-                await process_case(ctx, case, i, on_stage=flush)
-                times.append(time.perf_counter() - t0)
-
-        asyncio.run(go())
-        return times
+        return time_cases(ctx, cases, per_stage)[0]
 
     run_cases("warm", per_stage=False)  # fills the embedding cache with every text these cases produce
     cache.flush()

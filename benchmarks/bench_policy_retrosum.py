@@ -18,7 +18,6 @@ The per-case time includes the case's commit to DuckDB; `commit_ms` reports that
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -29,10 +28,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import bench_store, ms_summary, peak_rss_mb, seed_run, synthetic_words, unit_vector  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    bench_store, ms_summary, peak_rss_mb, repeated_cases, seed_run, synthetic_words, time_cases, unit_vector)
 
 from handlers.cases import load_cases  # noqa: E402
-from handlers.pipeline import process_case  # noqa: E402
 from handlers.policies.retrosum.config import RetroSumPolicy  # noqa: E402
 from handlers.policies.retrosum.policy import RetroSumMemory  # noqa: E402
 from handlers.runs import RunSpec, open_run  # noqa: E402
@@ -70,28 +69,12 @@ def main() -> None:
         cache.put(text, vec)
 
     base = load_cases(ROOT / "examples" / "cases.jsonl")[0]
-    cases = [c.model_copy(update={"case_id": f"{c.case_id}-{k}"})
-             for k in range((args.cases + len(base) - 1) // len(base)) for c in base][: args.cases]
+    cases = repeated_cases(base, args.cases)
 
     def run_cases(run_id: str) -> tuple[list[float], list[float]]:
         """Per-case wall time, and the part of it spent committing the case's events (DuckDB)."""
         ctx, _ = open_run(store, run_id, spec, cache)
-        times, commits = [], []
-
-        async def flush(stage: str) -> None:
-            if stage == "govern":
-                t0 = time.perf_counter()
-                ctx.writer.flush()
-                commits.append(time.perf_counter() - t0)
-
-        async def go():
-            for i, case in enumerate(cases):
-                t0 = time.perf_counter()
-                await process_case(ctx, case, i, on_stage=flush)
-                times.append(time.perf_counter() - t0)
-
-        asyncio.run(go())
-        return times, commits
+        return time_cases(ctx, cases)
 
     seed_run(store, "warm", spec, cache, events)
     seed_run(store, "measure", spec, cache, events)

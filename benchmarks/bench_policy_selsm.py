@@ -15,12 +15,10 @@ Reported for the paper's configuration and for the no-two-stage ablation.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +26,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import peak_rss_mb, seed_run  # noqa: E402
+from benchmarks.common import peak_rss_mb, repeated_cases, seed_run, time_cases  # noqa: E402
 
 from handlers.cases import load_cases  # noqa: E402
-from handlers.pipeline import process_case  # noqa: E402
 from handlers.policies.base import agent_state  # noqa: E402
 from handlers.policies.config import NoMemoryPolicy  # noqa: E402
 from handlers.policies.selsm.config import SelsmPolicy  # noqa: E402
@@ -81,20 +78,8 @@ def measure(store: EventStore, cache: EmbeddingCache, spec: RunSpec, events: lis
     def run(run_id: str) -> tuple[list[float], int]:
         seed_run(store, run_id, spec, cache, events)
         ctx, _ = open_run(store, run_id, spec, cache)  # folds the synthetic memory (setup, not timed)
-        times: list[float] = []
-
-        async def flush(stage: str) -> None:
-            if stage == "govern":
-                ctx.writer.flush()
-
-        async def go():
-            for i, case in enumerate(cases):
-                t0 = time.perf_counter()
-                await process_case(ctx, case, i, on_stage=flush)
-                times.append(time.perf_counter() - t0)
-
         with single_threaded_blas():
-            asyncio.run(go())
+            times, _commits = time_cases(ctx, cases)
         part = ctx.projection.state.policy_memory
         return times, part.counts()["selsm_transitions"] if part is not None else 0
 
@@ -119,8 +104,7 @@ def main() -> None:
     cache = EmbeddingCache(SeededRandomEmbedder(), store.conn)
     events = synthetic_records(args.records, args.per_record)
     base = load_cases(ROOT / "examples" / "cases.jsonl")[0]
-    cases = [c.model_copy(update={"case_id": f"{c.case_id}-{k}"})
-             for k in range((args.cases + len(base) - 1) // len(base)) for c in base][: args.cases]
+    cases = repeated_cases(base, args.cases)
     out: dict = {"records": args.records, "transitions": args.records * args.per_record, "cases": args.cases,
                  "backbone": "sim", "note": "everything but model calls; warm embedding cache; commit per case",
                  "per_case_ms": {}}

@@ -15,7 +15,6 @@ deprecation and maturation run as configured. Target: p50 ≤ 10 ms.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import sys
@@ -27,10 +26,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import bench_store, seed_run, synthetic_words, unit_vector  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    bench_store, repeated_cases, seed_run, synthetic_words, time_cases, unit_vector)
 
 from handlers.cases import load_cases  # noqa: E402
-from handlers.pipeline import process_case  # noqa: E402
 from handlers.policies.skemex import retrieval  # noqa: E402
 from handlers.policies.skemex.config import SkeMexPolicy  # noqa: E402
 from handlers.policies.skemex.policy import case_tools, skill_memory  # noqa: E402
@@ -76,26 +75,12 @@ def main() -> None:
     events, vectors = synthetic_skills(args.skills, categories, cache.embedder.dim, rng)
     for text, vec in vectors.items():
         cache.put(text, vec)
-    cases = [c.model_copy(update={"case_id": f"{c.case_id}-{k}"})
-             for k in range((args.cases + len(base) - 1) // len(base)) for c in base][: args.cases]
+    cases = repeated_cases(base, args.cases)
 
     def run(run_id: str) -> tuple[list[float], object]:
         seed_run(store, run_id, spec, cache, events)
         ctx, _ = open_run(store, run_id, spec, cache)
-        times: list[float] = []
-
-        async def flush(stage: str) -> None:
-            if stage == "govern":
-                ctx.writer.flush()
-
-        async def go():
-            for i, case in enumerate(cases):
-                t0 = time.perf_counter()
-                await process_case(ctx, case, i, on_stage=flush)
-                times.append(time.perf_counter() - t0)
-
-        asyncio.run(go())
-        return times, ctx
+        return time_cases(ctx, cases)[0], ctx
 
     run("warm")  # fills the embedding cache with every text these cases produce (questions, drafts)
     cache.flush()

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import resource
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
+from handlers.cases import Case
+from handlers.pipeline import process_case
 from handlers.runs import RunSpec
 from store.embeddings import EmbeddingCache, shared_minilm
 from store.events import NewEvent
@@ -59,3 +63,34 @@ def ms_summary(seconds: list[float]) -> dict:
 
 def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def repeated_cases(base: Sequence[Case], n: int) -> list[Case]:
+    """The first n cases of `base` repeated, each copy under its own case id (so the leakage guard
+    does not hide a case's own memory items from its copies)."""
+    rounds = (n + len(base) - 1) // len(base)
+    return [c.model_copy(update={"case_id": f"{c.case_id}-{k}"}) for k in range(rounds) for c in base][:n]
+
+
+def time_cases(ctx, cases: Sequence[Case], per_stage: bool = False) -> tuple[list[float], list[float]]:
+    """Process the cases through the pipeline, committing after each case (or each stage); returns
+    the wall time of every case and the part of it spent in the case's final DuckDB commit."""
+    times: list[float] = []
+    commits: list[float] = []
+
+    async def flush(stage: str) -> None:
+        if stage == "govern":
+            t0 = time.perf_counter()
+            ctx.writer.flush()
+            commits.append(time.perf_counter() - t0)
+        elif per_stage:
+            ctx.writer.flush()
+
+    async def go() -> None:
+        for i, case in enumerate(cases):
+            t0 = time.perf_counter()
+            await process_case(ctx, case, i, on_stage=flush)
+            times.append(time.perf_counter() - t0)
+
+    asyncio.run(go())
+    return times, commits
