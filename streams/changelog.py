@@ -87,6 +87,8 @@ class ChangelogImporter:
         self._heads: dict[str, int] = {}
         self._pending: dict[str, list[StoredEvent]] = {}
         self._buffered = 0
+        self._beyond: dict[str, tuple[int, int]] = {}
+        """run id → (first, last) seq of the furthest batch read that started past the run's head."""
         self.tally = ImportTally()
 
     def _head(self, run_id: str) -> int:
@@ -110,7 +112,12 @@ class ChangelogImporter:
         if last <= head:
             return  # already in the log (our own batch, or imported before)
         if first > head + 1:
-            self.tally.diverged[run_id] = f"changelog gap: batch starts at seq {first}, log is at {head}"
+            # A batch past a hole. A worker publishes a run's next batch before the broker has
+            # acknowledged the one before (the run goes on meanwhile); should that one fail, the
+            # worker restores the run and publishes the missing steps again, after this batch. So
+            # skip it: the steps come again in order, and `finish` reports a hole nothing filled.
+            if last > self._beyond.get(run_id, (0, -1))[1]:
+                self._beyond[run_id] = (first, last)
             return
         events = [e for e in (events or decode_batch(value)) if e.seq > head]
         self._pending.setdefault(run_id, []).extend(events)
@@ -131,6 +138,18 @@ class ChangelogImporter:
             self.tally.imported[run_id] = self.tally.imported.get(run_id, 0) + len(events)
         self._pending.clear()
         self._buffered = 0
+
+    def finish(self) -> ImportTally:
+        """Import what is buffered; a run with a batch past its head at the end of the read has a gap."""
+        self.flush()
+        for run_id, (first, last) in self._beyond.items():
+            if run_id in self.tally.diverged:
+                continue
+            head = self._head(run_id)
+            if last > head:
+                self.tally.diverged[run_id] = f"changelog gap: batch starts at seq {first}, log is at {head}"
+        self._beyond.clear()
+        return self.tally
 
 
 async def read_to_end(consumer: AIOKafkaConsumer, starts: dict[TopicPartition, int],
@@ -177,6 +196,6 @@ async def import_partitions(consumer: AIOKafkaConsumer, topic: str, starts: dict
     importer = ChangelogImporter(store, runs)
     ends = await read_to_end(consumer, {TopicPartition(topic, p): o for p, o in starts.items()},
                              lambda rec: importer.add(rec.headers, rec.value))
-    importer.flush()
+    importer.finish()
     importer.tally.next_offsets = {tp.partition: o for tp, o in ends.items()}
     return importer.tally

@@ -31,7 +31,8 @@ from streams.assignor import copartition_assignor
 from streams.changelog import encode_batch
 from streams.kafka_worker import KafkaWorker
 from streams.messages import ChangelogBatch, DeadLetter, RetrieveCommand, StageCommand
-from streams.topics import DEFAULT_GROUP, DEFAULT_PARTITIONS, DEFAULT_PREFIX, STAGES, Topics, ensure_topics
+from streams.topics import (DEFAULT_GROUP, DEFAULT_PARTITIONS, DEFAULT_PREFIX, STAGES, Topics, ensure_topics,
+                           partition_for)
 
 log = logging.getLogger("grandrounds.kafka")
 # FastStream's own loggers print to stdout; ours go wherever logging is configured (the CLI:
@@ -53,6 +54,12 @@ which it processes as soon as the broker acknowledges them (see `RunActor`); the
 copies only move its position, so it fetches them in batches (at most every 100 ms) instead of
 one fetch round trip per command. A command the worker did not produce (another worker's,
 after a rebalance) waits at most that long."""
+
+STEP_BATCH_BYTES = 256 * 1024
+"""Per-partition batch limit of the per-step producer (aiokafka's default: 16 KiB). A run takes up
+its next stage before the broker acknowledges the last, so its changelog batches queue up while
+a produce request is out; at 16 KiB the queue filled after a few steps and `send` waited for the
+round trip. Below the broker's 1 MiB message limit."""
 
 
 @dataclass
@@ -231,6 +238,8 @@ class KafkaWorkerApp:
         self._store, self._cache = store, cache
         self._owns_store = store is None
         self._producer: AIOKafkaProducer | None = None
+        self._partitions = settings.partitions
+        self._run_partitions: dict[str, int] = {}
         consumer_opts = {
             "max_poll_interval_ms": settings.max_poll_interval_ms,
             "session_timeout_ms": settings.session_timeout_ms,
@@ -259,7 +268,9 @@ class KafkaWorkerApp:
         # FastStream publishers stay the documented channels, but their per-message encoding and
         # middleware cost as much as the produce itself, twice a step. Same settings as theirs.
         self._producer = AIOKafkaProducer(bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True,
-                                          client_id=f"grandrounds-{self.worker_id}-steps")
+                                          client_id=f"grandrounds-{self.worker_id}-steps",
+                                          max_batch_size=STEP_BATCH_BYTES)
+        self._partitions = partitions
         await self._producer.start()
         worker = KafkaWorker(self._store, self._cache, bootstrap=s.bootstrap, topics=self.topics,
                              group_id=s.group_id, worker_id=self.worker_id, partitions=partitions,
@@ -289,7 +300,8 @@ class KafkaWorkerApp:
     async def _publish_stage(self, stage: str, cmd: StageCommand, confirm: bool = True):
         """Produce a stage command; with confirm=False, return the future of its acknowledgement."""
         sent = await self._producer.send(self.topics.stage(stage), cmd.model_dump_json().encode("utf-8"),
-                                         key=cmd.run_id.encode(), headers=[("content-type", b"application/json")])
+                                         key=cmd.run_id.encode(), partition=self._partition(cmd.run_id),
+                                         headers=[("content-type", b"application/json")])
         if confirm:
             await sent
             return None
@@ -298,11 +310,21 @@ class KafkaWorkerApp:
     async def _publish_changelog(self, stored, confirm: bool = True):
         """Produce a batch to the changelog; with confirm=False, return the future of its acknowledgement."""
         value, headers = encode_batch(stored)
-        sent = await self._producer.send(self.topics.changelog, value, key=stored[0].run_id.encode(), headers=headers)
+        run_id = stored[0].run_id
+        sent = await self._producer.send(self.topics.changelog, value, key=run_id.encode(),
+                                         partition=self._partition(run_id), headers=headers)
         if confirm:
             await sent
             return None
         return sent
+
+    def _partition(self, run_id: str) -> int:
+        """The run's partition (what the default partitioner gives its key), computed once per run:
+        aiokafka's murmur2 is pure Python, and it ran twice a step."""
+        p = self._run_partitions.get(run_id)
+        if p is None:
+            p = self._run_partitions[run_id] = partition_for(run_id, self._partitions)
+        return p
 
     async def _publish_dead_letter(self, letter: DeadLetter, key: bytes | None) -> None:
         await self.publishers["dead_letter"].publish(letter, key=key)

@@ -8,18 +8,23 @@ by the log; an earlier one is a redelivery and is skipped; a later one waits its
 
 Per stage message: the stage runs through `handlers.pipeline.process_case` (stopped at the
 stage boundary); its batch of events goes to the changelog and the next stage's command to its
-topic, in one produce request. Once the broker has acknowledged both, the run goes on with the
-next stage — from the acknowledgement, which gives the command's offset, where this worker owns
-the command's partition (the consumer's later copy is recognised by offset and dropped), else
-from the consumer after this step's DuckDB commit. The `Committer` writes each step's events
-with its consumed (topic, partition, offset) in one DuckDB transaction, after the changelog
-acknowledged the batch; the steps of all runs that are ready share a transaction, on a thread
-of its own, and a run does not wait for it. Only then is the message marked done (and, later,
-committed to Kafka). So the file is always a prefix of the changelog, and a crash leaves one
-of: nothing of a step (the message comes back and the stage runs again); its batch in the
-changelog only (the restore imports it, the message comes back and is skipped); or the step
-committed (the message comes back and is skipped). What a crash can lose — the next stage's
-command — is re-produced from the log when a worker takes the partition ("kick").
+topic (both queued on one producer, in order). Where this worker owns the command's partition,
+the run goes on with the next stage at once, without waiting for the broker: that step is
+committed only once the command's offset is known (from the produce acknowledgement, or from
+the consumer's copy if that comes first; the copy is then recognised and dropped). Elsewhere the
+next stage comes from the other worker's consumer, after this step's DuckDB commit. The
+`Committer` writes each step's events with its consumed (topic, partition, offset) in one
+DuckDB transaction, after the changelog acknowledged the batch; the steps of all runs that are
+ready share a transaction, on a thread of its own, and a run does not wait for it. Only then is
+the message marked done (and, later, committed to Kafka). So the file is always a prefix of the
+changelog, and a crash leaves one of: nothing of a step (the message comes back and the stage
+runs again); its batch in the changelog only (the restore imports it, the message comes back and
+is skipped); or the step committed (the message comes back and is skipped). What a crash can
+lose — the next stage's command — is re-produced from the log when a worker takes the partition
+("kick"). A batch or command the broker refuses fails the run's uncommitted steps: the run is
+reloaded from the file, restored from the changelog and kicked; a later batch of the run that
+landed past the refused one is skipped by every reader (`ChangelogImporter`) until the steps
+come again in order.
 
 On assignment of partition p: import from changelog partition p the events this DuckDB
 file lacks, re-produce lost commands, and resume each topic at the offset stored in DuckDB
@@ -91,12 +96,15 @@ class Delivery:
     body: Any
     topic: str
     partition: int
-    offset: int
+    offset: int | None
+    """None: an own delivery whose offset is not known yet (its produce is not acknowledged)."""
     timestamp_ms: int
     received: float
     key: tuple[int, int]
     own: bool = False
-    """Delivered from the broker's acknowledgement of this worker's own produce, not by the consumer."""
+    """Delivered by this worker to itself, ahead of the broker's acknowledgement of its produce."""
+    lost: BaseException | None = None
+    """An own delivery whose command the broker did not take: its step cannot be committed."""
 
 
 @dataclass
@@ -106,7 +114,9 @@ class WorkerStats:
     own_deliveries: int = 0
     """Stage commands processed as soon as the broker acknowledged them (this worker owns their partition)."""
     echoes: int = 0
-    """The consumer's copies of those commands, recognised by offset and dropped."""
+    """The consumer's copies of those commands, recognised and dropped."""
+    early_copies: int = 0
+    """Of the echoes: copies fetched before the produce ack came back (matched by step, not offset)."""
     dead_letters: int = 0
     failed: int = 0
     runs_opened: int = 0
@@ -143,7 +153,7 @@ class WorkerStats:
     def as_dict(self) -> dict:
         return {
             "processed": dict(self.processed), "skipped_redeliveries": self.skipped,
-            "own_deliveries": self.own_deliveries, "echoes": self.echoes,
+            "own_deliveries": self.own_deliveries, "echoes": self.echoes, "early_copies": self.early_copies,
             "dead_letters": self.dead_letters, "failed": self.failed, "runs_opened": self.runs_opened,
             "cases_completed": self.cases_completed, "restored_events": self.restored_events,
             "kicks": self.kicks, "assignments": dict(self.assignments), "revocations": dict(self.revocations),
@@ -198,8 +208,9 @@ class Committer:
     works), one at a time, at most one starting every `linger` seconds (sooner once
     `max_batch` steps wait); steps that arrive meanwhile go into the next one.
 
-    Steps of a run are committed in order; a step whose changelog ack is outstanding holds
-    back its run's later steps. The offset stored for a partition is the position below
+    Steps of a run are committed in order; a step whose changelog ack is outstanding, or whose
+    command's offset is not known yet (taken up ahead of its ack), holds back its run's later
+    steps. The offset stored for a partition is the position below
     which every message is done (`PartitionOffsets`), so a transaction never stores a
     position past a message whose effect it does not hold.
 
@@ -307,10 +318,11 @@ class Committer:
         for step in self.queue:
             key = id(step.actor)
             logged = step.logged
-            if key in held or (logged is not None and not logged.done()):
+            if key in held or (logged is not None and not logged.done()) or (
+                    step.d.offset is None and step.d.lost is None):
                 held.add(key)  # a run's steps are committed in order
                 rest.append(step)
-            elif logged is not None and (logged.cancelled() or logged.exception() is not None):
+            elif (logged is not None and (logged.cancelled() or logged.exception() is not None)) or step.d.lost:
                 held.add(key)
                 rest.append(step)
                 failed.append(step)
@@ -319,7 +331,10 @@ class Committer:
         self.queue = rest
         for step in failed:
             if not step.dropped:
-                exc = asyncio.CancelledError() if step.logged.cancelled() else step.logged.exception()
+                if step.d.lost is not None:
+                    exc = step.d.lost
+                else:
+                    exc = asyncio.CancelledError() if step.logged.cancelled() else step.logged.exception()
                 self._fail_run(step.actor, [step], exc)
         positions = self._positions(ready)
         if not ready and not positions:
@@ -436,7 +451,7 @@ class Committer:
             s.dropped = True
             if not s.committed.done():
                 s.committed.set_result(False)
-            if i == 0:
+            if i == 0 and s.d.offset is not None:
                 asyncio.ensure_future(actor._fail(s.d, "failed", f"commit of {s.stage} failed: {exc!r}"))
             else:
                 w.finished(s.d)  # built on the failed step: the restore brings its batch, the kick the rest
@@ -528,6 +543,12 @@ class KafkaWorker:
         if not tracker.delivered(record.offset):
             self.stats.echoes += 1  # a command this worker produced and has processed (or is processing) already
             return
+        actor = self.actors.get(run_id)
+        if actor is not None and actor.copy_of_ahead(stage, key, record.offset):
+            self.stats.echoes += 1  # fetched before its produce ack came back: the run took it up already
+            self.stats.early_copies += 1
+            self.committer.schedule()
+            return
         delivery = Delivery(stage, body, record.topic, record.partition, record.offset,
                             int(record.timestamp or 0), time.monotonic(), key)
         actor = self.actors.get(run_id)
@@ -550,6 +571,8 @@ class KafkaWorker:
             return False
         tracker.delivered(record.offset)
         self.stats.echoes += 1
+        if tracker.watermark() > tracker.stored:
+            self.committer.schedule()  # the step may be in the file already: store the position it freed
         return True
 
     def owns(self, topic: str, partition: int) -> bool:
@@ -819,13 +842,14 @@ class RunActor:
     """One run's mailbox and the task that works through it strictly in order.
 
     Pipelined: a processed step goes to the changelog and to the committer, and the run goes
-    on with its next step as soon as that step's command is acknowledged by the broker (where
-    this worker owns the command's partition, as the co-partitioned assignment makes it do):
-    it waits neither for the DuckDB commit of the step before, nor for its consumer to fetch
-    the command back (that copy is recognised by its offset and dropped). Every step still
-    runs off a command that is in Kafka, and is committed with that command's offset; the
-    next step starts only once the previous step's changelog batch is acknowledged, so the
-    changelog never has a gap and the file never holds what the changelog lacks.
+    on with its next step as soon as that step's command is handed to the producer (where this
+    worker owns the command's partition, as the co-partitioned assignment makes it do): it waits
+    neither for the broker's acknowledgement, nor for the DuckDB commit of the step before, nor
+    for its consumer to fetch the command back (that copy is recognised and dropped). So a run
+    keeps the event loop busy while its produce requests are out, instead of waiting a round
+    trip per stage. Every committed step still ran off a command that is in Kafka, and is
+    committed with that command's offset, after its own changelog batch and every earlier one
+    of the run were acknowledged: the file never holds what the changelog lacks.
     """
 
     max_uncommitted = 64
@@ -850,6 +874,8 @@ class RunActor:
         """Bumped whenever the in-memory state is dropped; work begun before belongs to the old state."""
         self.uncommitted = 0
         """Steps handed to the committer and not yet in the file (nor dropped)."""
+        self.ahead: dict[tuple[int, int], Delivery] = {}
+        """Own deliveries whose command's offset is not known yet, by step key."""
 
     # --- mailbox -------------------------------------------------------------------------
 
@@ -948,6 +974,8 @@ class RunActor:
             await self._process(d)
             if self.uncommitted > self.max_uncommitted:
                 await w.committer.settle([self])
+            elif d.own:
+                await asyncio.sleep(0)  # let the other runs, acks and fetches in between
 
     async def _skip(self, d: Delivery) -> None:
         """A redelivery of a step the log already has: nothing to do but count it consumed."""
@@ -979,7 +1007,9 @@ class RunActor:
     async def _process(self, d: Delivery) -> None:
         w = self.worker
         started = time.monotonic()
-        if d.timestamp_ms:
+        if d.own:
+            w.stats.hop_ms[d.stage].append((started - d.received) * 1000)
+        elif d.timestamp_ms:
             w.stats.hop_ms[d.stage].append(max(0.0, time.time() * 1000 - d.timestamp_ms))  # determinism-ok: stats
         if isinstance(d.body, RunStart):
             await self._open(d)
@@ -1043,38 +1073,51 @@ class RunActor:
         elif sent is not None:
             topic = w.topics.stage(nxt)
             if w.owns(topic, self.partition):
-                self._deliver_when_acked(nxt, topic, cmd, logged, sent, generation)
+                self._deliver_ahead(nxt, topic, cmd, sent)
             else:
                 # Another worker consumes the next stage: it must find this step in its file or the
                 # changelog, so this one waits for its commit (as every step did before pipelining).
                 await asyncio.shield(step.committed)
                 await self._confirm(sent, nxt)
 
-    def _deliver_when_acked(self, stage: str, topic: str, cmd: StageCommand, logged, sent, generation: int) -> None:
-        """Process the next command as soon as the broker has it (and this step's changelog batch)."""
+    def _deliver_ahead(self, stage: str, topic: str, cmd: StageCommand, sent: asyncio.Future) -> None:
+        """Take up the next command now, before the broker acknowledges it; its offset comes later.
+
+        Its step is committed only once the offset is known (from the acknowledgement, or from the
+        consumer's copy if that arrives first), so the file never records a step whose command is
+        not in Kafka; a command the broker refuses fails the run's uncommitted steps (reload, restore).
+        """
         w = self.worker
+        key = (cmd.index, STAGE_INDEX[stage])
+        d = Delivery(stage, cmd, topic, self.partition, None, 0, time.monotonic(), key, own=True)
+        self.ahead[key] = d
 
-        def acked(_: asyncio.Future) -> None:
-            if not w.accepting:
-                return  # stopping: the next owner (or this worker, restarted) resumes from the log
-            if sent.cancelled() or sent.exception() is not None:
-                self._lost(stage, sent)
-                return
-            if logged is not None and (logged.cancelled() or logged.exception() is not None):
-                return  # the committer fails this step; the run is reloaded and restored
-            if generation != self.generation:
-                return  # reloaded meanwhile: the consumer delivers the command
-            meta = sent.result()
-            tracker = w.offsets.get((topic, self.partition))
-            if tracker is None or not w.accepting or not tracker.delivered_own(meta.offset):
-                return  # revoked, stopping, or the consumer fetched it first (then it is in the mailbox)
-            w.stats.own_deliveries += 1
-            stamp = meta.timestamp if meta.timestamp and meta.timestamp > 0 else 0
-            self.deliver(Delivery(stage, cmd, topic, self.partition, meta.offset, stamp, time.monotonic(),
-                                  (cmd.index, STAGE_INDEX[stage]), own=True))
+        def acked(fut: asyncio.Future) -> None:
+            if self.ahead.get(key) is d:
+                del self.ahead[key]
+            if fut.cancelled() or fut.exception() is not None:
+                d.lost = asyncio.CancelledError() if fut.cancelled() else fut.exception()
+                self._lost(stage, fut)
+            elif d.offset is None:  # the consumer has not fetched its copy yet: that copy is an echo
+                meta = fut.result()
+                d.offset = meta.offset
+                tracker = w.offsets.get((topic, self.partition))
+                if tracker is not None:
+                    tracker.delivered_own(meta.offset)
+            w.committer.schedule()
 
-        both = asyncio.gather(*(f for f in (logged, sent) if f is not None), return_exceptions=True)
-        both.add_done_callback(acked)
+        sent.add_done_callback(acked)
+        w.stats.own_deliveries += 1
+        self.deliver(d)
+
+    def copy_of_ahead(self, stage: str, key: tuple[int, int], offset: int) -> bool:
+        """The consumer fetched a command this run took up ahead of its ack: give that delivery its offset."""
+        d = self.ahead.get(key)
+        if d is None or d.stage != stage:
+            return False
+        del self.ahead[key]
+        d.offset = offset
+        return True
 
     async def _confirm(self, sent, stage: str) -> None:
         try:

@@ -91,13 +91,15 @@ async def test_sigkill_the_worker_at_random_points_then_resume(kafka_broker, kaf
                     if e["type"] == "case.completed":
                         seen_completed.add(e["payload"]["index"])
 
-    kills = 0
+    kills = ready_before = 0
     worker = None
     try:
         # The static name makes a restarted worker rejoin the group at once.
         worker = spawn_worker(boot, db, prefix, log, name="crashy")
         while kills < 6:
-            target = batches + rng.randint(2, 14)
+            # A few batches into the new worker's work: a run of 16 cases takes it ~0.1 s, so waiting
+            # for more would let it finish before the fifth kill.
+            target = batches + rng.randint(1, 4)
             deadline = time.monotonic() + 90
             while batches < target and len(seen_completed) < len(cases):
                 assert time.monotonic() < deadline, log.read_text()[-3000:]
@@ -105,11 +107,12 @@ async def test_sigkill_the_worker_at_random_points_then_resume(kafka_broker, kaf
                 await read_changelog()
             if len(seen_completed) >= len(cases):
                 break
-            await asyncio.sleep(rng.random() * 0.05)
+            await asyncio.sleep(rng.random() * 0.01)
             worker.send_signal(signal.SIGKILL)
             worker.wait(10)
             kills += 1
             print(f"SIGKILL #{kills} after {batches} changelog batches, {len(seen_completed)} cases complete")
+            ready_before = log.read_text(errors="replace").count(" ready in ")
             worker = spawn_worker(boot, db, prefix, log, name="crashy")
         assert kills >= 5, f"the run finished after {kills} kills; use more cases"
         deadline = time.monotonic() + 120
@@ -117,6 +120,13 @@ async def test_sigkill_the_worker_at_random_points_then_resume(kafka_broker, kaf
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             assert worker.poll() is None, log.read_text()[-3000:]
             await read_changelog(500)
+        # The killed worker may have logged the last cases before it died (a run goes on with its next
+        # step before the changelog acknowledges the last): the new one must restore them into the file
+        # before it is stopped, and a SIGTERM during its start-up would kill it outright.
+        while log.read_text(errors="replace").count(" ready in ") <= ready_before:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            assert worker.poll() is None, log.read_text()[-3000:]
+            await asyncio.sleep(0.1)
     finally:
         await tail.stop()
         if worker is not None:

@@ -130,7 +130,28 @@ def test_changelog_roundtrip_import_skips_what_is_there_and_refuses_gaps():
     assert dst.fingerprint("r") == src.fingerprint("r")
     gap = ChangelogImporter(EventStore(":memory:"))
     gap.add(batches[1][1], batches[1][0])
+    gap.finish()
     assert "gap" in gap.tally.diverged["r"]
+
+
+def test_a_batch_published_past_a_failed_one_is_skipped_until_the_steps_come_again_in_order():
+    """A worker publishes a run's next batch before the previous one is acknowledged; when that one
+    fails, the later batch lands alone and the worker publishes both again, in order, after it."""
+    src = EventStore(":memory:")
+    events = _events(src, "r", 4)
+    first, lost, later = encode_batch(events[:2]), encode_batch(events[2:3]), encode_batch(events[3:])
+    dst = EventStore(":memory:")
+    imp = ChangelogImporter(dst)
+    for value, headers in (first, later, lost, later):
+        imp.add(headers, value)
+    tally = imp.finish()
+    assert tally.imported == {"r": len(events)} and not tally.diverged
+    assert dst.fingerprint("r") == src.fingerprint("r")
+    hole = ChangelogImporter(EventStore(":memory:"))
+    for value, headers in (first, later):  # the lost batch never came again
+        hole.add(headers, value)
+    assert "gap" in hole.finish().diverged["r"]
+    assert hole.tally.imported == {"r": 2}
 
 
 def test_next_stage_follows_process_case():

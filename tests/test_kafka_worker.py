@@ -66,12 +66,16 @@ async def test_run_over_kafka_equals_embedded_and_stores_offsets(kafka_broker, k
         assert [s[1] for s in steps] == sorted(s[1] for s in steps)
         await wait_until(lambda: app.worker.offsets[(topics.stage("govern"), sub.partition)].pending == 0, 10,
                          "last message done")
-        # Every consumed message's position is in DuckDB, written with the events.
-        stored = app.store.consumer_offsets(prefix + "g")
-        p = sub.partition
-        assert stored[(topics.stage("retrieve"), p)] == len(kafka_warm.cases) + 1  # RunStart + cases
-        for stage in ("act", "feedback", "reflect", "govern"):
-            assert stored[(topics.stage(stage), p)] == len(kafka_warm.cases)
+        # Every consumed message's position is in DuckDB, written with the events (or, for the
+        # consumer's last copies, by the commit they schedule).
+        p, n = sub.partition, len(kafka_warm.cases)
+        stages = ("retrieve", "act", "feedback", "reflect", "govern")
+        want = {(topics.stage(s), p): n + (s == "retrieve") for s in stages}  # retrieve: RunStart + the cases
+
+        def stored() -> dict:
+            got = app.store.consumer_offsets(prefix + "g")
+            return {tp: got.get(tp) for tp in want}
+        await wait_until(lambda: stored() == want, 10, "every position stored")
         assert app.worker.stats.skipped == 0 and app.worker.stats.dead_letters == 0
         # The worker owns every partition: it took each next stage up on the produce ack, and dropped
         # the consumer's copies of those commands (every command was delivered exactly once).
@@ -234,8 +238,19 @@ async def test_control_a_handler_that_awaits_the_slow_call_inline_does_lose_its_
         await wait_until(lambda: revoked, 20, "the group to take the partition away")
 
 
-async def test_parallel_runs_then_takeover_by_a_second_worker(kafka_broker, kafka_warm, tmp_path):
+async def test_parallel_runs_then_takeover_by_a_second_worker(kafka_broker, kafka_warm, tmp_path, monkeypatch):
     """Two workers share the group; one stops mid-way; the other finishes every run from the changelog."""
+    from handlers.backbones.sim import SimBackbone
+
+    original = SimBackbone.act
+
+    async def model_call(self, view, *args, **kwargs):
+        await asyncio.sleep(0.003)  # a stand-in for a model call: a run waiting on it lets the others go on
+        return await original(self, view, *args, **kwargs)
+
+    # Without any wait a run's steps take ~1 ms; a run whose cases were fetched first could then
+    # finish before the next run's first case is fetched, and nothing would run in parallel.
+    monkeypatch.setattr(SimBackbone, "act", model_call)
     boot, prefix = kafka_broker.bootstrap, unique_prefix()
     topics = Topics(prefix)
     cases = kafka_warm.cases
@@ -263,6 +278,10 @@ async def test_parallel_runs_then_takeover_by_a_second_worker(kafka_broker, kafk
             a = None
             for sub in subs:
                 await follow_run(boot, sub, client, topics=topics, timeout=120)
+            # a may have logged a run's last steps before it stopped: b has them once it has restored
+            # a's partitions, which the run's end in the changelog does not wait for.
+            await wait_until(lambda: len(b.worker.owners) == 8 and all(t.done() for t in b.worker.takeovers.values()),
+                             60, "b to take over every partition")
             await b.worker.committer.settle()
             for r in runs:
                 want = kafka_warm.reference[lags.get(r, 0)]["fingerprint"]
@@ -287,6 +306,93 @@ async def test_parallel_runs_then_takeover_by_a_second_worker(kafka_broker, kafk
             assert audit.verify_chain(r) is None
         again = await collect(boot, audit, topics)  # incremental: nothing new
         assert sum(again.imported.values()) == 0
+
+
+def _wrap_step_commands(app, change):
+    """Route the worker's per-step command produce (the one it takes up ahead of the ack) through `change`."""
+    publish = app.worker.publish_stage
+
+    async def publish_stage(stage, cmd, confirm=True):
+        if confirm:
+            return await publish(stage, cmd, confirm=True)  # a kick's re-produce: unchanged
+        return await change(publish, stage, cmd)
+
+    app.worker.publish_stage = publish_stage
+
+
+async def test_a_run_takes_up_its_next_stage_before_the_ack_and_late_acks_change_nothing(kafka_broker, kafka_warm,
+                                                                                         tmp_path):
+    """The run goes on with its next stage as soon as the command is produced; the step is committed
+    with the command's offset once known. With acks held back past the consumer's fetch, the
+    consumer's copy comes first: it gives the step its offset and is not processed again."""
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    topics = Topics(prefix)
+    cases = kafka_warm.cases[:6]
+    async with running_worker(boot, kafka_warm.worker_db(tmp_path), prefix) as app:
+        loop = asyncio.get_running_loop()
+
+        async def late(publish, stage, cmd):
+            sent = await publish(stage, cmd, confirm=False)
+            held = loop.create_future()
+
+            def forward(f):
+                loop.call_later(0.3, lambda: held.set_exception(f.exception()) if f.exception() else
+                                held.set_result(f.result()))
+            sent.add_done_callback(forward)
+            return held
+
+        _wrap_step_commands(app, late)
+        sub = await submit_run(boot, "run-late", kafka_warm.spec, cases, topics=topics)
+        await wait_until(lambda: completed_cases(app.store, "run-late") == len(cases), 60, "the run to finish")
+        stats = app.worker.stats
+        await wait_until(lambda: stats.echoes >= stats.own_deliveries, 10, "the consumer's copies")
+        assert stats.early_copies > 0, "no copy came before its ack"
+        assert app.store.fingerprint("run-late") == kafka_warm.fingerprint_upto(len(cases))
+        steps = [s for s in stats.step_log if s[0] == "run-late"]
+        assert len(steps) == len(set(steps)) == 5 * len(cases)
+        assert stats.skipped == 0 and stats.dead_letters == 0
+        # Every command's position is stored: none was left open by the early copies.
+        await wait_until(lambda: all(t.pending == 0 for t in app.worker.offsets.values()), 10, "all done")
+        await app.worker.committer.settle()
+        await wait_until(lambda: app.store.consumer_offsets(prefix + "g").get((topics.stage("govern"), sub.partition))
+                         == len(cases), 10, "the last position stored")
+        stored = app.store.consumer_offsets(prefix + "g")
+        for stage in ("act", "feedback", "reflect", "govern"):
+            assert stored[(topics.stage(stage), sub.partition)] == len(cases)
+
+
+async def test_a_command_the_broker_refuses_fails_the_steps_taken_up_ahead_and_the_run_recovers(kafka_broker,
+                                                                                              kafka_warm, tmp_path):
+    """The run took a stage up before its command was acknowledged; the broker never takes the command.
+    The step (and any after it) is not committed: the run is reloaded and restored from the changelog,
+    the command is produced again from the log, and the run ends as the embedded runner's."""
+    from aiokafka.errors import KafkaTimeoutError
+
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    topics = Topics(prefix)
+    cases = kafka_warm.cases[:6]
+    async with running_worker(boot, kafka_warm.worker_db(tmp_path), prefix) as app:
+        calls, refused = [0], []
+
+        async def refuse_one(publish, stage, cmd):
+            calls[0] += 1
+            if calls[0] == 7 and not refused:  # a command in the middle of the run: not produced at all
+                refused.append((stage, cmd.index))
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_exception(KafkaTimeoutError())
+                return fut
+            return await publish(stage, cmd, confirm=False)
+
+        _wrap_step_commands(app, refuse_one)
+        await submit_run(boot, "run-lost", kafka_warm.spec, cases, topics=topics)
+        await wait_until(lambda: completed_cases(app.store, "run-lost") == len(cases), 60, "the run to finish")
+        await app.worker.committer.settle()
+        assert refused, "no command was refused"
+        assert app.store.fingerprint("run-lost") == kafka_warm.fingerprint_upto(len(cases))
+        assert app.store.verify_chain("run-lost") is None
+        stats = app.worker.stats
+        assert stats.kicks >= 1  # the lost command came again from the log
+        assert stats.dead_letters == 0  # nothing was wrong with any message
 
 
 async def test_a_refused_duckdb_commit_reloads_the_run_and_restores_it_from_the_changelog(kafka_broker, kafka_warm,
@@ -315,6 +421,8 @@ async def test_a_refused_duckdb_commit_reloads_the_run_and_restores_it_from_the_
         await wait_until(lambda: completed_cases(store, "run-f") == n, 60, "the run to finish")
         await app.worker.committer.settle()
         assert refused, "no commit was refused"
+        # The report goes out on its own task: the restore may have brought the whole run back first.
+        await wait_until(lambda: app.worker.stats.dead_letters == 1, 30, "the refused step's dead letter")
         assert store.fingerprint("run-f") == kafka_warm.fingerprint_upto(n)
         assert store.verify_chain("run-f") is None
         stats = app.worker.stats
