@@ -15,12 +15,13 @@ import logging
 import os
 import socket
 import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from faststream import FastStream
-from faststream.kafka import KafkaBroker, KafkaMessage
+from faststream.kafka import KafkaBroker
 from faststream.kafka.schemas import Topic
 from faststream.middlewares import AckPolicy, BaseMiddleware
 from pydantic import ValidationError
@@ -113,6 +114,7 @@ def _dead_letter_middleware(owner: "KafkaWorkerApp") -> type[BaseMiddleware]:
         """Any message whose body does not validate goes to the dead-letter topic with the error."""
 
         async def consume_scope(self, call_next, msg):
+            token = _RECORD.set(msg.raw_message)
             try:
                 return await call_next(msg)
             except (ValidationError, ValueError, UnicodeDecodeError) as exc:
@@ -120,6 +122,8 @@ def _dead_letter_middleware(owner: "KafkaWorkerApp") -> type[BaseMiddleware]:
             except Exception as exc:  # noqa: BLE001 - never let one message stop the worker
                 log.exception("unexpected error handling %s", msg.raw_message)
                 reason, error = "failed", repr(exc)
+            finally:
+                _RECORD.reset(token)
             worker = owner.worker
             if worker is not None and isinstance(msg.raw_message, object) and hasattr(msg.raw_message, "topic"):
                 await worker.dead_letter(reason, error, msg.raw_message)
@@ -199,31 +203,38 @@ def build_broker(bootstrap: str, topics: Topics, *, owner: "KafkaWorkerApp | Non
     return broker, subscribers, publishers
 
 
+_RECORD: ContextVar[Any] = ContextVar("grandrounds_kafka_record")
+"""The aiokafka record being handled, set by the dead-letter middleware around each handler call.
+The handlers read it here rather than taking a `KafkaMessage` argument: FastStream resolves
+that argument with a synchronous context lookup, which fast_depends runs on a thread pool —
+a thread hop per message that cost more than the rest of FastStream's handling."""
+
+
 def _register_handlers(subscribers: dict, owner: "KafkaWorkerApp | None") -> None:
-    async def _accept(stage: str, body: Any, msg: KafkaMessage) -> None:
+    async def _accept(stage: str, body: Any) -> None:
         if owner is not None and owner.worker is not None:
-            await owner.worker.accept(stage, body, msg.raw_message)
+            await owner.worker.accept(stage, body, _RECORD.get())
 
     @subscribers["retrieve"]
-    async def retrieve(body: RetrieveCommand, msg: KafkaMessage) -> None:
+    async def retrieve(body: RetrieveCommand) -> None:
         """A run's RunStart or one of its cases."""
-        await _accept("retrieve", body, msg)
+        await _accept("retrieve", body)
 
     @subscribers["act"]
-    async def act(body: StageCommand, msg: KafkaMessage) -> None:
-        await _accept("act", body, msg)
+    async def act(body: StageCommand) -> None:
+        await _accept("act", body)
 
     @subscribers["feedback"]
-    async def feedback(body: StageCommand, msg: KafkaMessage) -> None:
-        await _accept("feedback", body, msg)
+    async def feedback(body: StageCommand) -> None:
+        await _accept("feedback", body)
 
     @subscribers["reflect"]
-    async def reflect(body: StageCommand, msg: KafkaMessage) -> None:
-        await _accept("reflect", body, msg)
+    async def reflect(body: StageCommand) -> None:
+        await _accept("reflect", body)
 
     @subscribers["govern"]
-    async def govern(body: StageCommand, msg: KafkaMessage) -> None:
-        await _accept("govern", body, msg)
+    async def govern(body: StageCommand) -> None:
+        await _accept("govern", body)
 
 
 class KafkaWorkerApp:
