@@ -10,6 +10,7 @@ The same definitions generate the AsyncAPI document (`python -m streams.asyncapi
 """
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -81,6 +82,9 @@ class WorkerSettings:
     checkpoint_every: int = 250
     keep_step_log: bool = False
     backbone_opts: dict = field(default_factory=dict)
+    tune_gc: bool = False
+    """After start-up, freeze what it loaded out of the garbage collector's way and collect less
+    often (the `grandrounds worker` process; not a process that hosts other work, like tests)."""
 
 
 def worker_id_for(name: str | None) -> str:
@@ -293,6 +297,14 @@ class KafkaWorkerApp:
         worker.start()
         self.worker = worker
         log.info("worker %s: group %s, %d partitions, db %s", self.worker_id, s.group_id, partitions, s.db)
+        # What start-up loaded (the embedding model, the libraries) lives as long as the process: move
+        # it out of the collector's way, and collect the young generation less often. With the
+        # defaults, 8 runs of 78 cases cost ~200 collections (one full, 64 ms, rescanning that heap):
+        # 0.17 s of GC; alternated, worker CPU per case 2.34–2.6 ms with this against 2.44–2.9.
+        if s.tune_gc:
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(20_000, 10, 10)
 
     async def _shutdown(self) -> None:
         if self.worker is not None:

@@ -28,7 +28,7 @@ from kafka_broker import KafkaBroker, java_executable, kafka_libs_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "cases.jsonl"
-N_CASES = 16
+N_CASES = 40
 TOOLS = {"ddx-lookup": 0.85}
 
 

@@ -97,7 +97,7 @@ async def test_sigkill_the_worker_at_random_points_then_resume(kafka_broker, kaf
         # The static name makes a restarted worker rejoin the group at once.
         worker = spawn_worker(boot, db, prefix, log, name="crashy")
         while kills < 6:
-            # A few batches into the new worker's work: a run of 16 cases takes it ~0.1 s, so waiting
+            # A few batches into the new worker's work: a run of 40 cases takes it ~0.3 s, so waiting
             # for more would let it finish before the fifth kill.
             target = batches + rng.randint(1, 4)
             deadline = time.monotonic() + 90
