@@ -105,6 +105,8 @@ class Delivery:
     """Delivered by this worker to itself, ahead of the broker's acknowledgement of its produce."""
     lost: BaseException | None = None
     """An own delivery whose command the broker did not take: its step cannot be committed."""
+    sent: asyncio.Future | None = None
+    """An own delivery: the produce acknowledgement of its command."""
 
 
 @dataclass
@@ -593,6 +595,12 @@ class KafkaWorker:
             self.committer.schedule()  # its position goes to DuckDB with the next commit
 
     def finished(self, d: Delivery) -> None:
+        if d.offset is None:
+            if d.sent is not None and d.lost is None:
+                # Taken up ahead of its ack: done once its offset is known (the ack's callback, which
+                # sets it, was registered first, so it runs first).
+                d.sent.add_done_callback(lambda _f: d.offset is not None and self.finished(d))
+            return
         tp = (d.topic, d.partition)
         tracker = self.offsets.get(tp)
         if tracker is None:
@@ -994,13 +1002,21 @@ class RunActor:
     async def _fail(self, d: Delivery, reason: str, error: str) -> None:
         w = self.worker
         w.stats.failed += reason == "failed"
-        letter = DeadLetter.of(reason, error, d.topic, d.partition, d.offset, self.run_id.encode(),
+        if d.offset is None and d.sent is not None:
+            # Taken up ahead of its ack: the letter names the command's offset, and the message is
+            # done only once that is known (the ack's callback, registered first, sets it).
+            try:
+                await asyncio.shield(d.sent)
+            except Exception:  # noqa: BLE001 - refused: the command is not in Kafka (offset -1)
+                pass
+        offset = -1 if d.offset is None else d.offset
+        letter = DeadLetter.of(reason, error, d.topic, d.partition, offset, self.run_id.encode(),
                                d.body.model_dump_json().encode())
         if w.publish_dead_letter is not None:
             await w.publish_dead_letter(letter, self.run_id.encode())
         w.stats.dead_letters += 1
         log.error("run %s: %s message at %s[%d]@%d %s: %s", self.run_id, d.stage, d.topic, d.partition,
-                  d.offset, reason, error)
+                  offset, reason, error)
         w.finished(d)
         w.committer.schedule()
 
@@ -1089,7 +1105,7 @@ class RunActor:
         """
         w = self.worker
         key = (cmd.index, STAGE_INDEX[stage])
-        d = Delivery(stage, cmd, topic, self.partition, None, 0, time.monotonic(), key, own=True)
+        d = Delivery(stage, cmd, topic, self.partition, None, 0, time.monotonic(), key, own=True, sent=sent)
         self.ahead[key] = d
 
         def acked(fut: asyncio.Future) -> None:

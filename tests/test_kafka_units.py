@@ -3,6 +3,7 @@ URL parsing, the stage order the worker expects, and the committed AsyncAPI docu
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from store.events import NewEvent
 from store.event_types import CaseCompleted, RunStarted
 from streams.assignor import copartition_plan
 from streams.changelog import ChangelogImporter, batch_span, decode_batch, encode_batch
-from streams.kafka_worker import next_stage
+from streams.kafka_worker import Delivery, KafkaWorker, next_stage
 from streams.offsets import PartitionOffsets
 from streams.topics import BrokerUrlError, Topics, parse_broker_url, partition_for
 
@@ -178,3 +179,27 @@ def test_committed_asyncapi_document_is_current():
     committed = (ROOT / "docs" / "asyncapi.json").read_text(encoding="utf-8")
     assert committed == asyncapi_document("json", version=__version__), (
         "docs/asyncapi.json is stale: regenerate with `grandrounds asyncapi > docs/asyncapi.json`")
+
+
+async def test_a_message_taken_up_ahead_of_its_ack_is_done_once_its_offset_is_known():
+    """A step taken up before its command's ack can be finished (skipped, dropped) before the offset
+    is known; the offset, registered when the ack comes, must not stay open and hold the position."""
+    w = KafkaWorker(None, None, bootstrap="127.0.0.1:9", topics=Topics("t."), group_id="g", worker_id="w",
+                    partitions=1)
+    try:
+        tracker = w.offsets[("t.act", 0)] = PartitionOffsets(0)
+        sent = asyncio.get_running_loop().create_future()
+        d = Delivery("act", None, "t.act", 0, None, 0, 0.0, (0, 1), own=True, sent=sent)
+
+        def acked(fut):  # what RunActor._deliver_ahead registers first
+            d.offset = fut.result()
+            tracker.delivered_own(d.offset)
+
+        sent.add_done_callback(acked)
+        w.finished(d)  # e.g. its step was dropped with a failed commit, before the ack
+        assert tracker.watermark() == 0
+        sent.set_result(0)
+        await asyncio.sleep(0)
+        assert tracker.pending == 0 and tracker.watermark() == 1
+    finally:
+        w.committer.close()

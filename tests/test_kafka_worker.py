@@ -395,6 +395,38 @@ async def test_a_command_the_broker_refuses_fails_the_steps_taken_up_ahead_and_t
         assert stats.dead_letters == 0  # nothing was wrong with any message
 
 
+async def test_a_stage_that_fails_on_a_command_taken_up_ahead_goes_to_dead_letters_with_its_offset(
+        kafka_broker, kafka_warm, tmp_path, monkeypatch):
+    """act runs off a command the worker took up before its ack; when it raises, the dead letter
+    names that command's topic and offset, and the worker goes on with other runs."""
+    from handlers.backbones.sim import SimBackbone
+
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    topics = Topics(prefix)
+    broken = kafka_warm.cases[2].case_id
+    original = SimBackbone.act
+
+    async def act(self, view, *args, **kwargs):
+        if view.case_id == broken:
+            raise RuntimeError("model endpoint down (test)")
+        return await original(self, view, *args, **kwargs)
+
+    monkeypatch.setattr(SimBackbone, "act", act)
+    async with running_worker(boot, kafka_warm.worker_db(tmp_path), prefix) as app:
+        sub = await submit_run(boot, "run-broken", kafka_warm.spec, kafka_warm.cases[:4], topics=topics)
+        await wait_until(lambda: app.worker.stats.dead_letters == 1, 30, "the failed stage's dead letter")
+        await wait_until(lambda: completed_cases(app.store, "run-broken") == 2, 10, "the cases before it")
+        ok = await submit_run(boot, "run-fine", kafka_warm.spec, kafka_warm.cases[:2], topics=topics)
+        await follow_run(boot, ok, EventStore(":memory:"), topics=topics, timeout=60)
+    letters = [json.loads(r.value) for r in await _read_all(boot, topics.dead_letter)]
+    assert len(letters) == 1
+    letter = letters[0]
+    assert letter["reason"] == "failed" and "model endpoint down" in letter["error"]
+    assert letter["source_topic"] == topics.stage("act") and letter["partition"] == sub.partition
+    acts = [r for r in await _read_all(boot, topics.stage("act")) if r.partition == sub.partition and r.key == b"run-broken"]
+    assert [r.offset for r in acts if json.loads(r.value)["index"] == 2] == [letter["offset"]]
+
+
 async def test_a_refused_duckdb_commit_reloads_the_run_and_restores_it_from_the_changelog(kafka_broker, kafka_warm,
                                                                                           tmp_path):
     """The file lags the changelog (commits are grouped and off the run's path): when DuckDB refuses a
@@ -428,3 +460,6 @@ async def test_a_refused_duckdb_commit_reloads_the_run_and_restores_it_from_the_
         stats = app.worker.stats
         assert stats.dead_letters == 1 and stats.failed == 1  # the refused step's message is reported
         assert stats.restored_events > 0  # its batch (and any after it) came back from the changelog
+        # Every message is done, those of the dropped steps included (some were taken up ahead of their
+        # ack): no offset is left open below the positions the worker stores.
+        await wait_until(lambda: all(t.pending == 0 for t in app.worker.offsets.values()), 10, "every message done")
