@@ -52,7 +52,7 @@ STAGE_DOCS = {
 
 COMMAND_FETCH = {"fetch_min_bytes": 64 * 1024, "fetch_max_wait_ms": 100}
 """Fetch settings of the act…govern consumers. Their messages are the worker's own commands,
-which it processes as soon as the broker acknowledges them (see `RunActor`); the consumer's
+which it takes up as soon as it has produced them (see `RunActor`); the consumer's
 copies only move its position, so it fetches them in batches (at most every 100 ms) instead of
 one fetch round trip per command. A command the worker did not produce (another worker's,
 after a rebalance) waits at most that long."""

@@ -7,9 +7,10 @@ processed. Resuming there can redeliver messages that were already processed; th
 recognises those from the log and skips them.
 
 A message can also be delivered before the consumer fetches it: the worker produced it
-(a run's next stage command, to a partition the worker owns) and the broker's
-acknowledgement gave its offset (`delivered_own`). The consumer's later copy of it is
-recognised (`delivered` returns False) and not delivered twice. Such an offset only moves
+(a run's next stage command, to a partition the worker owns) and took it up at once; the
+broker's acknowledgement gives its offset (`delivered_own`). The consumer's later copy of it
+is recognised (`delivered` returns False) and not delivered twice. (A copy fetched before the
+acknowledgement is matched to its step by the worker instead.) Such an offset only moves
 the safe position once every offset below it has been fetched: other producers' messages
 may sit in between.
 """
@@ -45,8 +46,8 @@ class PartitionOffsets:
         return True
 
     def delivered_own(self, offset: int) -> bool:
-        """A message this worker produced was acknowledged at `offset`; deliver it ahead of the
-        consumer. False: the consumer has fetched it already (it was delivered that way)."""
+        """A message this worker produced and took up itself was acknowledged at `offset`: open it,
+        and recognise the consumer's copy. False: the consumer has fetched it already."""
         if offset < self.high or offset in self._own:
             return False
         self._own.add(offset)
