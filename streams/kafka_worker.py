@@ -114,7 +114,7 @@ class WorkerStats:
     processed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     skipped: int = 0
     own_deliveries: int = 0
-    """Stage commands processed as soon as the broker acknowledged them (this worker owns their partition)."""
+    """Stage commands this worker took up as soon as it produced them (it owns their partition)."""
     echoes: int = 0
     """The consumer's copies of those commands, recognised and dropped."""
     early_copies: int = 0
@@ -453,7 +453,7 @@ class Committer:
             s.dropped = True
             if not s.committed.done():
                 s.committed.set_result(False)
-            if i == 0 and s.d.offset is not None:
+            if i == 0 and s.d.lost is None:  # a refused command is no message to report
                 asyncio.ensure_future(actor._fail(s.d, "failed", f"commit of {s.stage} failed: {exc!r}"))
             else:
                 w.finished(s.d)  # built on the failed step: the restore brings its batch, the kick the rest
@@ -553,7 +553,6 @@ class KafkaWorker:
             return
         delivery = Delivery(stage, body, record.topic, record.partition, record.offset,
                             int(record.timestamp or 0), time.monotonic(), key)
-        actor = self.actors.get(run_id)
         if actor is None:
             actor = self.actors[run_id] = RunActor(self, run_id, record.partition)
         actor.deliver(delivery)
@@ -1107,6 +1106,7 @@ class RunActor:
         key = (cmd.index, STAGE_INDEX[stage])
         d = Delivery(stage, cmd, topic, self.partition, None, 0, time.monotonic(), key, own=True, sent=sent)
         self.ahead[key] = d
+        tracker = w.offsets.get((topic, self.partition))  # an ack after a revoke must not open an offset
 
         def acked(fut: asyncio.Future) -> None:
             if self.ahead.get(key) is d:
@@ -1115,11 +1115,9 @@ class RunActor:
                 d.lost = asyncio.CancelledError() if fut.cancelled() else fut.exception()
                 self._lost(stage, fut)
             elif d.offset is None:  # the consumer has not fetched its copy yet: that copy is an echo
-                meta = fut.result()
-                d.offset = meta.offset
-                tracker = w.offsets.get((topic, self.partition))
-                if tracker is not None:
-                    tracker.delivered_own(meta.offset)
+                d.offset = fut.result().offset
+                if tracker is not None and w.offsets.get((topic, self.partition)) is tracker:
+                    tracker.delivered_own(d.offset)
             w.committer.schedule()
 
         sent.add_done_callback(acked)
