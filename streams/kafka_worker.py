@@ -440,7 +440,12 @@ class Committer:
 
     def _fail_run(self, actor: "RunActor", steps: list[Step], exc: BaseException) -> None:
         """These steps of a run cannot be committed: drop them and the run's later ones, reload the run
-        from the log and restore it from the changelog (which holds the dropped steps' batches)."""
+        from the log and restore it from the changelog, and take their messages up again.
+
+        The changelog holds the dropped steps' batches when DuckDB refused the commit (they are then
+        skipped as redeliveries); when the changelog refused a batch, the later ones that landed past
+        it are skipped by the restore, and the steps run again. Their messages must not count as
+        done: a case message, once consumed, comes from no one else."""
         w = self.worker
         first = steps[0]
         log.critical("run %s: committing %s of case %s failed (%r); the run is reloaded from the log and "
@@ -453,11 +458,12 @@ class Committer:
             s.dropped = True
             if not s.committed.done():
                 s.committed.set_result(False)
-            if i == 0 and s.d.lost is None:  # a refused command is no message to report
-                asyncio.ensure_future(actor._fail(s.d, "failed", f"commit of {s.stage} failed: {exc!r}"))
-            else:
-                w.finished(s.d)  # built on the failed step: the restore brings its batch, the kick the rest
+            if s.d.lost is None:  # a refused command is not in Kafka: the kick produces it again
+                if i == 0:
+                    asyncio.ensure_future(actor._fail(s.d, "failed", f"commit of {s.stage} failed: {exc!r}"))
+                actor.waiting.setdefault(s.d.key, []).append(s.d)  # after the restore: skipped, or run again
             actor.committed_one()
+        actor.resume()
 
 
 class KafkaWorker:

@@ -20,6 +20,7 @@ from kafka_fixtures import (completed_cases, kafka_broker, kafka_warm, run_ids_o
                             running_worker, unique_prefix, wait_until)
 from store.eventstore import EventStore
 from store.projection import open_projection
+from streams.changelog import batch_span
 from streams.producer import collect, follow_run, submit_run
 from streams.topics import Topics, partition_count, partition_for
 
@@ -425,6 +426,46 @@ async def test_a_stage_that_fails_on_a_command_taken_up_ahead_goes_to_dead_lette
     assert letter["source_topic"] == topics.stage("act") and letter["partition"] == sub.partition
     acts = [r for r in await _read_all(boot, topics.stage("act")) if r.partition == sub.partition and r.key == b"run-broken"]
     assert [r.offset for r in acts if json.loads(r.value)["index"] == 2] == [letter["offset"]]
+
+
+async def test_a_changelog_batch_the_broker_refuses_while_later_ones_land_leaves_no_gap(kafka_broker, kafka_warm,
+                                                                                          tmp_path):
+    """A run publishes its next batches before the broker acknowledges the last: when one batch is
+    refused and later ones land, the run is restored and publishes the steps again in order; the
+    worker's file and a changelog reader both skip the stray batches and end as the embedded run."""
+    from aiokafka.errors import KafkaTimeoutError
+
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    topics = Topics(prefix)
+    n = 6
+    async with running_worker(boot, kafka_warm.worker_db(tmp_path), prefix) as app:
+        publish = app.worker.publish_changelog
+        calls, refused = [0], []
+
+        async def refuse_one(batch, confirm=True):
+            calls[0] += 1
+            if calls[0] == 9 and not confirm and not refused:  # mid-run; the batches after it go out
+                refused.append(batch[0].seq)
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_exception(KafkaTimeoutError())
+                return fut
+            return await publish(batch, confirm=confirm)
+
+        app.worker.publish_changelog = refuse_one
+        await submit_run(boot, "run-hole", kafka_warm.spec, kafka_warm.cases[:n], topics=topics)
+        await wait_until(lambda: completed_cases(app.store, "run-hole") == n, 60, "the run to finish")
+        await app.worker.committer.settle()
+        assert refused, "no batch was refused"
+        assert app.store.fingerprint("run-hole") == kafka_warm.fingerprint_upto(n)
+        assert app.store.verify_chain("run-hole") is None
+    spans = [batch_span(r.headers) for r in await _read_all(boot, topics.changelog)]
+    firsts = [first for run, first, _ in spans if run == "run-hole"]
+    assert refused[0] not in firsts[:firsts.index(refused[0])]  # the refused batch came later...
+    assert max(firsts[:firsts.index(refused[0])]) > refused[0]  # ...after batches past it landed
+    with EventStore(tmp_path / "audit.duckdb") as audit:
+        tally = await collect(boot, audit, topics, run_ids=["run-hole"])
+        assert not tally.diverged
+        assert audit.fingerprint("run-hole") == kafka_warm.fingerprint_upto(n)
 
 
 async def test_a_refused_duckdb_commit_reloads_the_run_and_restores_it_from_the_changelog(kafka_broker, kafka_warm,
