@@ -17,7 +17,8 @@ as a separate process and measures, with the sim backbone:
   steadier than wall time on a shared machine;
 - per-stage latency p50/p99 from the worker: service (start of the stage → its DuckDB
   commit: stage, changelog ack, grouped commit) and hop (produce of the command → start of
-  its processing: for a command the worker took up on its produce ack, that round trip);
+  its processing: for a command the worker took up itself, ahead of its ack, the wait in the
+  run's mailbox);
 - restart: a worker SIGKILLed mid-run and started again (same name, same file) — seconds
   from the new process's start to its first new changelog batch;
 - the worker's peak RSS; every run's fingerprint against the embedded runner's.
@@ -336,9 +337,9 @@ def main() -> None:
         print("    stage latency (ms)    service p50/p99      hop p50/p99")
         for stage, lat in ph["stage_latency_ms"].items():
             print(f"      {stage:<10} {lat['service_p50']:>10} / {lat['service_p99']:<10} {lat['hop_p50']:>8} / {lat['hop_p99']}")
-    print("    (service: stage start → its DuckDB commit; hop: command produced → its processing starts (on the\n"
-          "     produce ack where the worker owns the next stage); retrieve's hop includes waiting for the previous\n"
-          "     case: a run's cases are all submitted up front)")
+    print("    (service: stage start → its DuckDB commit; hop: command produced → its processing starts (the\n"
+          "     worker takes up the next stage itself, ahead of the ack, where it owns it); retrieve's hop includes\n"
+          "     waiting for the previous case: a run's cases are all submitted up front)")
     if "restart" in out:
         print(f"  restart → processing    {out['restart']['restart_to_processing_s']:.2f} s "
               "(new process started → its first changelog batch; SIGKILLed mid-run, same --name and file)")
