@@ -121,6 +121,9 @@ class WorkerStats:
     """Of the echoes: copies fetched before the produce ack came back (matched by step, not offset)."""
     dead_letters: int = 0
     failed: int = 0
+    commit_failures: int = 0
+    """Steps whose DuckDB commit or changelog batch was refused: their run was reloaded, restored
+    and took them up again (nothing wrong with the messages, so no dead letter)."""
     runs_opened: int = 0
     cases_completed: int = 0
     restored_events: int = 0
@@ -156,7 +159,8 @@ class WorkerStats:
         return {
             "processed": dict(self.processed), "skipped_redeliveries": self.skipped,
             "own_deliveries": self.own_deliveries, "echoes": self.echoes, "early_copies": self.early_copies,
-            "dead_letters": self.dead_letters, "failed": self.failed, "runs_opened": self.runs_opened,
+            "dead_letters": self.dead_letters, "failed": self.failed, "commit_failures": self.commit_failures,
+            "runs_opened": self.runs_opened,
             "cases_completed": self.cases_completed, "restored_events": self.restored_events,
             "kicks": self.kicks, "assignments": dict(self.assignments), "revocations": dict(self.revocations),
             "restore_seconds": [round(x, 3) for x in self.restore_seconds],
@@ -445,22 +449,22 @@ class Committer:
         The changelog holds the dropped steps' batches when DuckDB refused the commit (they are then
         skipped as redeliveries); when the changelog refused a batch, the later ones that landed past
         it are skipped by the restore, and the steps run again. Their messages must not count as
-        done: a case message, once consumed, comes from no one else."""
+        done: a case message, once consumed, comes from no one else. Nor do they go to the dead
+        letters: nothing is wrong with them, and a client following the run stops at a dead letter."""
         w = self.worker
         first = steps[0]
         log.critical("run %s: committing %s of case %s failed (%r); the run is reloaded from the log and "
                      "restored from the changelog", actor.run_id, first.stage, first.d.key[0], exc)
         dropped = [s for s in steps if not s.dropped] + [s for s in self.queue if s.actor is actor and s not in steps]
         self.queue = [s for s in self.queue if s.actor is not actor]
+        w.stats.commit_failures += 1
         actor.reload()
         w.schedule_restore(actor.partition)
-        for i, s in enumerate(dropped):
+        for s in dropped:
             s.dropped = True
             if not s.committed.done():
                 s.committed.set_result(False)
             if s.d.lost is None:  # a refused command is not in Kafka: the kick produces it again
-                if i == 0:
-                    asyncio.ensure_future(actor._fail(s.d, "failed", f"commit of {s.stage} failed: {exc!r}"))
                 actor.waiting.setdefault(s.d.key, []).append(s.d)  # after the restore: skipped, or run again
             actor.committed_one()
         actor.resume()
