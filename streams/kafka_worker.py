@@ -279,6 +279,23 @@ class Committer:
         self.schedule(now=True)
         await asyncio.wait(pending)
 
+    async def store_positions(self, attempts: int = 3) -> None:
+        """Write every partition's position now (a clean stop). Skipped redeliveries and dead letters
+        move a position with no step to carry it; it goes with the next commit, up to `linger` later,
+        and a stop in between would leave it out of the file, so a restart would deliver them again."""
+        for _ in range(attempts):
+            await self._wait_inflight()
+            if not any(t.watermark() > t.stored for t in self.worker.offsets.values()):
+                return
+            self.schedule(now=True)
+            await asyncio.sleep(0)  # the flush starts the transaction (or, unthreaded, runs it)
+        await self._wait_inflight()
+
+    async def _wait_inflight(self) -> None:
+        if self._inflight is not None:
+            await asyncio.wait([self._inflight])
+            await asyncio.sleep(0)  # its done-callback applies the outcome
+
     async def idle(self) -> None:
         """Wait for everything handed over so far: steps in the file, checkpoints written."""
         await self.settle()
@@ -812,6 +829,7 @@ class KafkaWorker:
         self.accepting = False
         await self._quiesce_runs(set(self.actors))
         await self.committer.settle()
+        await self.committer.store_positions()
         try:
             await self.commit_all()
         except Exception:  # noqa: BLE001

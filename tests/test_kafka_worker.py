@@ -141,7 +141,9 @@ async def test_redelivery_changes_nothing_and_restart_resumes_from_duckdb_offset
         await follow_run(boot, sub, EventStore(":memory:"), topics=topics, timeout=60)
         await app.worker.committer.settle()
         events = app.store.last_seq("run-r")
-        # Redeliveries: the whole run submitted again, and stale stage commands.
+        # Redeliveries: the whole run submitted again, and stale stage commands. Their positions have
+        # no step to carry them into the file: the stop right after must still store them.
+        app.worker.committer.linger = 30.0
         await submit_run(boot, "run-r", kafka_warm.spec, cases, topics=topics)
         stats = app.worker.stats
         await wait_until(lambda: stats.skipped >= len(cases) + 1, 30, "resubmitted messages skipped")
