@@ -39,6 +39,20 @@ def run_fhir(tasks: Path, db: Path, *extra: str, funcs: Path = FUNCS, patients: 
                         "--patients", str(patients), "--db", str(db), *extra], env)
 
 
+def patient_lookup_turn(messages: list[dict]) -> str:
+    """The FHIR agent's next turn on a task-1 template: look the patient up by name and DOB, then
+    FINISH with the id the lookup returned."""
+    task = messages[1]["content"]
+    m = re.search(r"name (\S+) (\S+) and DOB of (\d{4}-\d{2}-\d{2})", task)
+    found = [re.search(r'"id": "(S\d+)"', x["content"]) for x in messages[2:] if x["role"] == "user"]
+    found = [f.group(1) for f in found if f]
+    if found:
+        return f'<reasoning>found</reasoning><response>FINISH(["{found[0]}"])</response>'
+    args = {"given": m.group(1), "family": m.group(2), "birthdate": m.group(3)}
+    return ('<reasoning>look the patient up</reasoning><tool>'
+            + json.dumps({"name": "get_patient", "arguments": args}) + "</tool>")
+
+
 class FhirFake(FakeOpenAI):
     """Plays the FHIR ReAct agent for task-1 templates (look the patient up, FINISH with the id found)
     and the FHIR reflector (one rule for MRN lookups)."""
@@ -52,12 +66,4 @@ class FhirFake(FakeOpenAI):
                                "edits": [{"op": "add", "text": "MRN lookups: GET Patient with given, family and "
                                           "birthdate, FINISH with the id found.", "trigger": ["mrn", "name", "dob"],
                                           "priority": 1, "reason": "worked"}]})
-        task = messages[1]["content"]
-        m = re.search(r"name (\S+) (\S+) and DOB of (\d{4}-\d{2}-\d{2})", task)
-        found = [re.search(r'"id": "(S\d+)"', x["content"]) for x in messages[2:] if x["role"] == "user"]
-        found = [f.group(1) for f in found if f]
-        if found:
-            return f'<reasoning>found</reasoning><response>FINISH(["{found[0]}"])</response>'
-        args = {"given": m.group(1), "family": m.group(2), "birthdate": m.group(3)}
-        return ('<reasoning>look the patient up</reasoning><tool>'
-                + json.dumps({"name": "get_patient", "arguments": args}) + "</tool>")
+        return patient_lookup_turn(messages)

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import MAB_TASKS as TASKS, needs_medagentbench
 from fake_openai_server import FakeOpenAI
-from fhir_helpers import invoke_json, offline_tasks_file, run_fhir
+from fhir_helpers import invoke_json, offline_tasks_file, patient_lookup_turn, run_fhir
 from llm_helpers import SECRET
 from store.eventstore import EventStore
 
@@ -133,15 +133,7 @@ class SelsmFhirFake(FakeOpenAI):
             assert "## FHIR task" in prompt and "graded correct by refsol:task1" in prompt
             rounds = [int(r) for r in re.findall(r"^### Round (\d+)$", prompt, re.MULTILINE)]
             return json.dumps({"steps": [{**JUDGE_SKILL, "round": r} for r in rounds]})
-        task = messages[1]["content"]
-        m = re.search(r"name (\S+) (\S+) and DOB of (\d{4}-\d{2}-\d{2})", task)
-        found = [re.search(r'"id": "(S\d+)"', x["content"]) for x in messages[2:] if x["role"] == "user"]
-        found = [f.group(1) for f in found if f]
-        if found:
-            return f'<reasoning>found</reasoning><response>FINISH(["{found[0]}"])</response>'
-        args = {"given": m.group(1), "family": m.group(2), "birthdate": m.group(3)}
-        return ('<reasoning>look the patient up</reasoning><tool>'
-                + json.dumps({"name": "get_patient", "arguments": args}) + "</tool>")
+        return patient_lookup_turn(messages)
 
 
 def test_selsm_per_step_guidance_reaches_the_fhir_agent_and_the_record_backend_reserves_it(tmp_path):
