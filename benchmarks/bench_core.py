@@ -29,13 +29,13 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import (  # noqa: E402
     bench_store, peak_rss_mb, repeated_cases, seed_run, synthetic_words, time_cases, unit_vector)
 
-from handlers.cases import load_cases  # noqa: E402
-from handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
-from handlers.policies.evo_medagent import evo_retrieve as _evo_retrieve, select_episodes, select_rules  # noqa: E402
-from handlers.runs import RunSpec, open_run  # noqa: E402
-from store import event_types as ev  # noqa: E402
-from store.events import NewEvent  # noqa: E402
-from store.projection import open_projection, rebuild, save_checkpoint  # noqa: E402
+from grandrounds.handlers.cases import load_cases  # noqa: E402
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
+from grandrounds.handlers.policies.evo_medagent import evo_retrieve as _evo_retrieve, select_episodes, select_rules  # noqa: E402
+from grandrounds.handlers.runs import RunSpec, open_run  # noqa: E402
+from grandrounds.store import event_types as ev  # noqa: E402
+from grandrounds.store.events import NewEvent  # noqa: E402
+from grandrounds.store.projection import open_projection, rebuild, save_checkpoint  # noqa: E402
 
 def synthetic_memory(n_items: int, rng: np.random.Generator) -> tuple[list[NewEvent], dict[str, np.ndarray]]:
     events, vectors = [], {}
@@ -158,7 +158,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from store.vector_index import single_threaded_blas
+    from grandrounds.store.vector_index import single_threaded_blas
 
     with single_threaded_blas():  # as `grandrounds run` does
         main()

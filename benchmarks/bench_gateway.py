@@ -23,13 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fake_openai_server import FakeOpenAI  # noqa: E402
-from handlers.context import EventWriter  # noqa: E402
-from handlers.llm.gateway import LLMGateway  # noqa: E402
-from handlers.llm.record import RecordedExchanges, RecordedTransport  # noqa: E402
-from handlers.llm.recorder import stage_recorder  # noqa: E402
-from handlers.llm.transport import OpenAITransport  # noqa: E402
-from store.eventstore import EventStore  # noqa: E402
-from store.projection import MemoryProjection  # noqa: E402
+from grandrounds.handlers.context import EventWriter  # noqa: E402
+from grandrounds.handlers.llm.gateway import LLMGateway  # noqa: E402
+from grandrounds.handlers.llm.record import RecordedExchanges, RecordedTransport  # noqa: E402
+from grandrounds.handlers.llm.recorder import stage_recorder  # noqa: E402
+from grandrounds.handlers.llm.transport import OpenAITransport  # noqa: E402
+from grandrounds.store.eventstore import EventStore  # noqa: E402
+from grandrounds.store.projection import MemoryProjection  # noqa: E402
 
 MODEL = "bench-model"
 MESSAGES = [
@@ -114,7 +114,7 @@ async def bench(calls: int, rounds: int) -> dict:
             async def aclose(self):
                 return None
 
-        from handlers.llm.transport import RawReply
+        from grandrounds.handlers.llm.transport import RawReply
         reply = RawReply(sample.response or "", "stop", sample.usage)
         instant = LLMGateway(Instant(), MODEL)
         own_recorder = stage_recorder(_writer(), "c", "act")

@@ -46,12 +46,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 
-from handlers.cases import load_cases  # noqa: E402
-from handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
-from handlers.runs import RunSpec  # noqa: E402
-from store.eventstore import EventStore  # noqa: E402
-from streams.producer import submit_run  # noqa: E402
-from streams.topics import Topics, ensure_topics, partition_for  # noqa: E402
+from grandrounds.handlers.cases import load_cases  # noqa: E402
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
+from grandrounds.handlers.runs import RunSpec  # noqa: E402
+from grandrounds.store.eventstore import EventStore  # noqa: E402
+from grandrounds.streams.producer import submit_run  # noqa: E402
+from grandrounds.streams.topics import Topics, ensure_topics, partition_for  # noqa: E402
 
 PREFIX = "bench."
 TOOLS = {"ddx-lookup": 0.85}

@@ -31,13 +31,13 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import (  # noqa: E402
     bench_store, ms_summary, peak_rss_mb, repeated_cases, seed_run, synthetic_words, time_cases, unit_vector)
 
-from handlers.cases import load_cases  # noqa: E402
-from handlers.policies.retrosum.config import RetroSumPolicy  # noqa: E402
-from handlers.policies.retrosum.policy import RetroSumMemory  # noqa: E402
-from handlers.runs import RunSpec, open_run  # noqa: E402
-from store.events import NewEvent  # noqa: E402
-from store.experience_events import ExperienceStored, Lesson  # noqa: E402
-from store.projection import rebuild  # noqa: E402
+from grandrounds.handlers.cases import load_cases  # noqa: E402
+from grandrounds.handlers.policies.retrosum.config import RetroSumPolicy  # noqa: E402
+from grandrounds.handlers.policies.retrosum.policy import RetroSumMemory  # noqa: E402
+from grandrounds.handlers.runs import RunSpec, open_run  # noqa: E402
+from grandrounds.store.events import NewEvent  # noqa: E402
+from grandrounds.store.experience_events import ExperienceStored, Lesson  # noqa: E402
+from grandrounds.store.projection import rebuild  # noqa: E402
 
 def synthetic_bank(n: int, rng: np.random.Generator) -> tuple[list[NewEvent], dict[str, np.ndarray]]:
     events, vectors = [], {}
@@ -128,7 +128,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from store.vector_index import single_threaded_blas
+    from grandrounds.store.vector_index import single_threaded_blas
 
     with single_threaded_blas():  # as `grandrounds run` does
         main()

@@ -28,17 +28,17 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import peak_rss_mb, repeated_cases, seed_run, time_cases  # noqa: E402
 
-from handlers.cases import load_cases  # noqa: E402
-from handlers.policies.base import agent_state  # noqa: E402
-from handlers.policies.config import NoMemoryPolicy  # noqa: E402
-from handlers.policies.selsm.config import SelsmPolicy  # noqa: E402
-from handlers.runs import RunSpec, open_run  # noqa: E402
-from store.canonical import sha256_hex  # noqa: E402
-from store.embeddings import EmbeddingCache  # noqa: E402
-from store.eventstore import EventStore  # noqa: E402
-from store.events import NewEvent  # noqa: E402
-from store.selsm_events import LogicalSkill, RecordStored, StoredTransition  # noqa: E402
-from store.vector_index import single_threaded_blas  # noqa: E402
+from grandrounds.handlers.cases import load_cases  # noqa: E402
+from grandrounds.handlers.policies.base import agent_state  # noqa: E402
+from grandrounds.handlers.policies.config import NoMemoryPolicy  # noqa: E402
+from grandrounds.handlers.policies.selsm.config import SelsmPolicy  # noqa: E402
+from grandrounds.handlers.runs import RunSpec, open_run  # noqa: E402
+from grandrounds.store.canonical import sha256_hex  # noqa: E402
+from grandrounds.store.embeddings import EmbeddingCache  # noqa: E402
+from grandrounds.store.eventstore import EventStore  # noqa: E402
+from grandrounds.store.events import NewEvent  # noqa: E402
+from grandrounds.store.selsm_events import LogicalSkill, RecordStored, StoredTransition  # noqa: E402
+from grandrounds.store.vector_index import single_threaded_blas  # noqa: E402
 
 DIM = 384
 

@@ -29,14 +29,14 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import (  # noqa: E402
     bench_store, repeated_cases, seed_run, synthetic_words, time_cases, unit_vector)
 
-from handlers.cases import load_cases  # noqa: E402
-from handlers.policies.skemex import retrieval  # noqa: E402
-from handlers.policies.skemex.config import SkeMexPolicy  # noqa: E402
-from handlers.policies.skemex.policy import case_tools, skill_memory  # noqa: E402
-from handlers.runs import RunSpec, open_run  # noqa: E402
-from store import skill_events as sk  # noqa: E402
-from store.events import NewEvent  # noqa: E402
-from store.skill_memory import skill_key_text  # noqa: E402
+from grandrounds.handlers.cases import load_cases  # noqa: E402
+from grandrounds.handlers.policies.skemex import retrieval  # noqa: E402
+from grandrounds.handlers.policies.skemex.config import SkeMexPolicy  # noqa: E402
+from grandrounds.handlers.policies.skemex.policy import case_tools, skill_memory  # noqa: E402
+from grandrounds.handlers.runs import RunSpec, open_run  # noqa: E402
+from grandrounds.store import skill_events as sk  # noqa: E402
+from grandrounds.store.events import NewEvent  # noqa: E402
+from grandrounds.store.skill_memory import skill_key_text  # noqa: E402
 
 def synthetic_skills(n: int, categories: list[str], dim: int, rng: np.random.Generator
                      ) -> tuple[list[NewEvent], dict[str, np.ndarray]]:
@@ -116,7 +116,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from store.vector_index import single_threaded_blas
+    from grandrounds.store.vector_index import single_threaded_blas
 
     with single_threaded_blas():
         main()

@@ -35,17 +35,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-from handlers.environments.mcq_loaders import load_chestagentbench  # noqa: E402
+from grandrounds.handlers.environments.mcq_loaders import load_chestagentbench  # noqa: E402
 
 DEFAULT_PATH = ROOT.parent / "shared" / "data" / "chestagentbench_evomedagent" / "real_cases.json"
 from grandrounds.app import run_cases  # noqa: E402
-from handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
-from handlers.runs import RunSpec  # noqa: E402
-from replay.execute import execute  # noqa: E402
-from replay.order_replay import execute_plan, plan_replay  # noqa: E402
-from store.canonical import content_hash  # noqa: E402
-from store.embeddings import EmbeddingCache, shared_minilm  # noqa: E402
-from store.eventstore import EventStore  # noqa: E402
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
+from grandrounds.handlers.runs import RunSpec  # noqa: E402
+from grandrounds.replay.execute import execute  # noqa: E402
+from grandrounds.replay.order_replay import execute_plan, plan_replay  # noqa: E402
+from grandrounds.store.canonical import content_hash  # noqa: E402
+from grandrounds.store.embeddings import EmbeddingCache, shared_minilm  # noqa: E402
+from grandrounds.store.eventstore import EventStore  # noqa: E402
 
 SOURCE = "cab"
 CLI = [sys.executable, "-m", "grandrounds"]
@@ -152,10 +152,10 @@ def k_by_n(source: Path, work: Path, k: int, seed: int, workers: int) -> dict:
 
 
 def audit(path: Path, work: Path) -> dict:
-    from replay.audit_diff import diff
-    from replay.audit_explain import explain
-    from replay.audit_history import history
-    from replay.audit_items import items
+    from grandrounds.replay.audit_diff import diff
+    from grandrounds.replay.audit_explain import explain
+    from grandrounds.replay.audit_history import history
+    from grandrounds.replay.audit_items import items
 
     with EventStore(path, read_only=True) as store:
         n = store.conn.execute("SELECT count(*) FROM events WHERE run_id = ? AND type = 'case.completed'",

@@ -12,12 +12,12 @@ from typing import Sequence
 
 import numpy as np
 
-from handlers.cases import Case
-from handlers.pipeline import process_case
-from handlers.runs import RunSpec
-from store.embeddings import EmbeddingCache, shared_minilm
-from store.events import NewEvent
-from store.eventstore import EventStore
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.pipeline import process_case
+from grandrounds.handlers.runs import RunSpec
+from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+from grandrounds.store.events import NewEvent
+from grandrounds.store.eventstore import EventStore
 
 VOCAB = ("fever cough dyspnea chest pain syncope rash headache vomiting confusion tachycardia hypotension "
          "wheeze edema jaundice hematuria seizure weakness numbness pallor cyanosis murmur effusion "

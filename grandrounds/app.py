@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from handlers.cases import Case
-from handlers.runs import RunSpec, open_run
-from replay.metrics import run_summary
-from store.embeddings import Embedder, EmbeddingCache, shared_minilm
-from store.eventstore import EventStore
-from store.vector_index import single_threaded_blas
-from streams.embedded import EmbeddedRunner
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.runs import RunSpec, open_run
+from grandrounds.replay.metrics import run_summary
+from grandrounds.store.embeddings import Embedder, EmbeddingCache, shared_minilm
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.vector_index import single_threaded_blas
+from grandrounds.streams.embedded import EmbeddedRunner
 
 
 @dataclass
@@ -30,7 +30,7 @@ def make_cache(store: EventStore, embedder: Embedder | None = None) -> Embedding
 
 def unique_run_id(store: EventStore, base: str, spec: RunSpec) -> str:
     """The spec's default id; resumes a run with the same spec, never reuses a different one."""
-    from handlers.runs import read_spec
+    from grandrounds.handlers.runs import read_spec
 
     candidate, n = base, 1
     while store.has_run(candidate) and read_spec(store, candidate) != spec:
@@ -69,8 +69,8 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
         cache.flush()
     summary = run_summary(store, rid, ctx.projection.state)
     if spec.backbone != "sim":
-        from handlers.llm.usage import llm_usage
-        from replay.task_metrics import EVENT_TYPES, task_metrics
+        from grandrounds.handlers.llm.usage import llm_usage
+        from grandrounds.replay.task_metrics import EVENT_TYPES, task_metrics
 
         summary["llm"] = llm_usage(store, rid)
         summary["failed"] = len(summary["llm"]["failed_cases"])

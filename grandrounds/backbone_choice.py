@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from handlers.backbones import BackboneUnavailable
+from grandrounds.handlers.backbones import BackboneUnavailable
 
 
 @dataclass
@@ -52,8 +52,8 @@ def choose_backbone(backbone: str | None, model: str | None, base_url: str | Non
 
 def attach_record(choice: BackboneChoice, source_store) -> None:
     """Load the recorded run's exchanges into the choice; the model is the recorded run's."""
-    from handlers.llm.record import RecordedExchanges
-    from handlers.runs import read_spec
+    from grandrounds.handlers.llm.record import RecordedExchanges
+    from grandrounds.handlers.runs import read_spec
 
     spec = read_spec(source_store, choice.record_from) if source_store.has_run(choice.record_from) else None
     if spec is None:

@@ -12,9 +12,9 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from handlers.backbones import BackboneUnavailable
-from handlers.llm.gateway import LLMGateway, RetryPolicy
-from handlers.llm.runlog import RunLog
+from grandrounds.handlers.backbones import BackboneUnavailable
+from grandrounds.handlers.llm.gateway import LLMGateway, RetryPolicy
+from grandrounds.handlers.llm.runlog import RunLog
 
 
 @dataclass
@@ -54,9 +54,9 @@ def bench_model(backbone: str, model: str | None, base_url: str | None, db: str 
     if backbone == "sim":
         yield BenchModel("sim", None, None, "")
         return
-    from handlers.backbones.build import live_transport
-    from handlers.llm.record import RecordedExchanges, RecordedTransport
-    from store.eventstore import EventStore
+    from grandrounds.handlers.backbones.build import live_transport
+    from grandrounds.handlers.llm.record import RecordedExchanges, RecordedTransport
+    from grandrounds.store.eventstore import EventStore
 
     check_options(backbone, model, record_from)
     store = EventStore(db or ":memory:")

@@ -76,10 +76,10 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, 
     --patients is started for the run (or --fhir-base names a real server) and every task goes through
     the same five stages, graded by the official refsol rules.
     """
-    from handlers.cases import load_cases
-    from handlers.policies.config import load_policy, with_ablations
-    from handlers.runs import RunSpec
-    from handlers.tools import parse_tool_spec
+    from grandrounds.handlers.cases import load_cases
+    from grandrounds.handlers.policies.config import load_policy, with_ablations
+    from grandrounds.handlers.runs import RunSpec
+    from grandrounds.handlers.tools import parse_tool_spec
 
     from grandrounds.backbone_choice import attach_record, choose_backbone
     from grandrounds.fhir_run import looks_like_task_file, mab_options_given, prepare_medagentbench
@@ -132,8 +132,8 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, 
         fail(str(exc.message if isinstance(exc, click.BadParameter) else exc), 2, as_json)
 
     from grandrounds.app import run_cases
-    from handlers.llm.errors import ReplayDivergence
-    from store.eventstore import EventStore, StoreError
+    from grandrounds.handlers.llm.errors import ReplayDivergence
+    from grandrounds.store.eventstore import EventStore, StoreError
 
     try:
         with EventStore(db) as store:

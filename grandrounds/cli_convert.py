@@ -19,7 +19,7 @@ from grandrounds.errors import fail
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def convert(source, fmt, out, limit, as_json):
     """Convert a benchmark file to cases for `grandrounds run` (text only; gold kept for feedback)."""
-    from handlers.environments.mcq_loaders import BenchmarkFormatError, load_benchmark, write_cases
+    from grandrounds.handlers.environments.mcq_loaders import BenchmarkFormatError, load_benchmark, write_cases
 
     try:
         cases = load_benchmark(fmt, source, limit)

@@ -46,11 +46,11 @@ def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone
                   run_id, record_from, as_json):
     """Run MedAgentBench TASKS (test_data_v2.json) with the sim agent or a model and grade them."""
     from grandrounds.bench_models import bench_model, check_options
-    from handlers.environments.fhir_sandbox import FhirSandbox
-    from handlers.environments.medagentbench import load_functions, load_tasks
-    from handlers.llm.errors import ReplayDivergence
-    from store.canonical import content_hash
-    from store.eventstore import StoreError
+    from grandrounds.handlers.environments.fhir_sandbox import FhirSandbox
+    from grandrounds.handlers.environments.medagentbench import load_functions, load_tasks
+    from grandrounds.handlers.llm.errors import ReplayDivergence
+    from grandrounds.store.canonical import content_hash
+    from grandrounds.store.eventstore import StoreError
 
     if fhir_base is None and patients is None:
         fail("give --patients (local sandbox) or --fhir-base URL", 2, as_json)
@@ -102,9 +102,9 @@ def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone
 
 
 async def _run_all(cases, functions, functions_json, base, send_posts, fhir_base, bm, max_rounds) -> list[dict]:
-    from handlers.agent.fhir_official import run_official_fhir_agent
-    from handlers.agent.fhir_react import sim_fhir_agent
-    from handlers.environments.medagentbench import FhirTools, NeedsFullServer, grade
+    from grandrounds.handlers.agent.fhir_official import run_official_fhir_agent
+    from grandrounds.handlers.agent.fhir_react import sim_fhir_agent
+    from grandrounds.handlers.environments.medagentbench import FhirTools, NeedsFullServer, grade
 
     rows = []
     try:
@@ -133,8 +133,8 @@ async def _run_all(cases, functions, functions_json, base, send_posts, fhir_base
 
 
 def _summary(rows, fhir_base, backbone, model, llm, note) -> dict:
-    from handlers.environments.medagentbench import ACTION_TASK_TYPES
-    from replay.task_metrics import TaskRecord, er, osr, qab, sr, tc, tokens_per_correct
+    from grandrounds.handlers.environments.medagentbench import ACTION_TASK_TYPES
+    from grandrounds.replay.task_metrics import TaskRecord, er, osr, qab, sr, tc, tokens_per_correct
 
     per_type: dict[int, dict[str, int]] = defaultdict(lambda: {"tasks": 0, "correct": 0, "needs_full_server": 0})
     records = []

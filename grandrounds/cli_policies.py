@@ -11,7 +11,7 @@ from grandrounds.errors import fail
 
 def describe(name: str) -> dict:
     """One preset: its file, every parameter with its value and meaning, its ablation switches."""
-    from handlers.policies.config import PRESET_DIR, load_policy
+    from grandrounds.handlers.policies.config import PRESET_DIR, load_policy
 
     policy = load_policy(name)
     fields = type(policy).model_fields
@@ -26,7 +26,7 @@ def describe(name: str) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def policies(name, as_json):
     """List the policy presets (or show NAME) with their parameters and ablation switches."""
-    from handlers.policies.config import PolicyError, preset_names
+    from grandrounds.handlers.policies.config import PolicyError, preset_names
 
     names = preset_names()
     if name is not None and name not in names:

@@ -17,20 +17,20 @@ DEFAULT_DB = "grandrounds.duckdb"
 
 
 def _bad_input() -> tuple[type[Exception], ...]:
-    from replay.audit_common import AuditInputError
-    from replay.caselog import UnknownRun
-    from replay.counterfactual import CounterfactualError
-    from replay.environment import EnvironmentUnavailable
-    from replay.export import ExportError
-    from replay.order_replay import ReplayInputError
-    from replay.verify import NotVerifiable
+    from grandrounds.replay.audit_common import AuditInputError
+    from grandrounds.replay.caselog import UnknownRun
+    from grandrounds.replay.counterfactual import CounterfactualError
+    from grandrounds.replay.environment import EnvironmentUnavailable
+    from grandrounds.replay.export import ExportError
+    from grandrounds.replay.order_replay import ReplayInputError
+    from grandrounds.replay.verify import NotVerifiable
 
     return BAD_INPUT + (UnknownRun, AuditInputError, CounterfactualError, ExportError, ReplayInputError,
                         NotVerifiable, EnvironmentUnavailable)
 
 
 def _open(db: str, as_json: bool, read_only: bool):
-    from store.eventstore import EventStore, StoreError
+    from grandrounds.store.eventstore import EventStore, StoreError
 
     if not Path(db).exists():
         fail(f"no database file {db!r} (give --db the file a run wrote)", 2, as_json)
@@ -42,7 +42,7 @@ def _open(db: str, as_json: bool, read_only: bool):
 
 def _guarded(as_json: bool, fn):
     """Run `fn`, mapping bad input to exit 2 and store/other failures to exit 1."""
-    from store.eventstore import StoreError
+    from grandrounds.store.eventstore import StoreError
 
     try:
         return fn()
@@ -108,9 +108,9 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
     """
     from grandrounds.app import make_cache
     from grandrounds.replay_output import render_replay
-    from handlers.llm.errors import ReplayDivergence
-    from handlers.policies.config import load_policy
-    from replay.order_replay import execute_plan, plan_replay
+    from grandrounds.handlers.llm.errors import ReplayDivergence
+    from grandrounds.handlers.policies.config import load_policy
+    from grandrounds.replay.order_replay import execute_plan, plan_replay
 
     for p, what in ((plot_path, "--plot"), (report_path, "--report")):
         if p and not Path(p).resolve().parent.exists():
@@ -153,12 +153,12 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
             if notes:
                 result["notes"] = notes
             if plot_path:
-                from replay.plot import plot_curves
+                from grandrounds.replay.plot import plot_curves
 
                 plot_curves(result, plot_path)
                 result["plot"] = plot_path
             if report_path:
-                from replay.report import write_report
+                from grandrounds.replay.report import write_report
 
                 write_report(store, result, db, report_path)
                 result["report"] = report_path
@@ -188,7 +188,7 @@ def verify(db, run_id, as_json):
     """
     from grandrounds.app import make_cache
     from grandrounds.replay_output import render_verify
-    from replay.verify import verify_run
+    from grandrounds.replay.verify import verify_run
 
     store = _open(db, as_json, read_only=False)
     with store:
@@ -223,7 +223,7 @@ def audit():
 def audit_items(db, run_id, as_of_case, as_of_seq, kinds, status, sort, limit, as_json):
     """The memory of RUN as it was at a point of the stream, with utility and status."""
     from grandrounds.replay_output import render_items
-    from replay.audit_items import items
+    from grandrounds.replay.audit_items import items
 
     if limit is None:
         limit = 0 if as_json else 40
@@ -242,7 +242,7 @@ def audit_items(db, run_id, as_of_case, as_of_seq, kinds, status, sort, limit, a
 def audit_history(db, run_id, item, as_json):
     """Every event that touched ITEM (rule id, episode id or tool name): creation, patches, uses, utility."""
     from grandrounds.replay_output import render_history
-    from replay.audit_history import history
+    from grandrounds.replay.audit_history import history
 
     store = _open(db, as_json, read_only=True)
     with store:
@@ -258,7 +258,7 @@ def audit_history(db, run_id, item, as_json):
 def audit_explain(db, run_id, case, as_json):
     """What CASE (a case id, or its index) retrieved, saw, answered, and changed in memory."""
     from grandrounds.replay_output import render_explain
-    from replay.audit_explain import explain
+    from grandrounds.replay.audit_explain import explain
 
     store = _open(db, as_json, read_only=True)
     with store:
@@ -276,7 +276,7 @@ def audit_explain(db, run_id, case, as_json):
 def audit_diff(db, run_a, run_b, limit, as_json):
     """Memory items only in one run, and items in both with different utility or status (summary first)."""
     from grandrounds.replay_output import render_diff
-    from replay.audit_diff import diff
+    from grandrounds.replay.audit_diff import diff
 
     if limit is None:
         limit = 0 if as_json else 15
@@ -300,7 +300,7 @@ def audit_diff(db, run_a, run_b, limit, as_json):
 def export(db, run_ids, all_runs, out, fmt, as_json):
     """Export runs' events (the stored envelopes, payload and meta as JSON) to Parquet or JSON Lines."""
     from grandrounds.replay_output import render_export
-    from replay.export import ExportError, export_runs
+    from grandrounds.replay.export import ExportError, export_runs
 
     store = _open(db, as_json, read_only=True)
     with store:

@@ -7,10 +7,10 @@ import sys
 
 import click
 
-from handlers.backbones import BackboneUnavailable
-from handlers.cases import CaseFileError
-from handlers.policies.config import PolicyError
-from handlers.runs import RunMismatch
+from grandrounds.handlers.backbones import BackboneUnavailable
+from grandrounds.handlers.cases import CaseFileError
+from grandrounds.handlers.policies.config import PolicyError
+from grandrounds.handlers.runs import RunMismatch
 
 BAD_INPUT = (CaseFileError, PolicyError, RunMismatch, BackboneUnavailable)
 

@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 from grandrounds.env_run import EnvRunSetup
-from handlers.cases import CaseFileError, FhirCase
-from handlers.environments.base import EnvironmentRecord, FileRef
+from grandrounds.handlers.cases import CaseFileError, FhirCase
+from grandrounds.handlers.environments.base import EnvironmentRecord, FileRef
 
 SUPPORTED_POLICIES = ("evo-medagent", "none", "skemex", "selsm", "retrosum")
 """Policies whose stages handle FHIR tasks (every shipped one); another refuses them up front."""
@@ -27,7 +27,7 @@ SIM_NOTE = ("sim agent: scripted for the official MedAgentBench task templates, 
 
 
 def _open(record: EnvironmentRecord):
-    from handlers.environments.medagentbench_env import open_environment
+    from grandrounds.handlers.environments.medagentbench_env import open_environment
 
     return open_environment(record)
 
@@ -51,7 +51,7 @@ def looks_like_task_file(path: str) -> bool:
 def load_fhir_tasks(path: str, task_types: tuple[int, ...] | None, limit: int | None) -> list[FhirCase]:
     from pydantic import ValidationError
 
-    from handlers.environments.medagentbench import task_case
+    from grandrounds.handlers.environments.medagentbench import task_case
 
     p = Path(path)
     if not p.is_file():
@@ -94,7 +94,7 @@ def prepare_medagentbench(tasks: str, funcs: str | None, patients: str | None, f
                           task_types: tuple[int, ...], limit: int | None, policy_name: str,
                           sim_tools: tuple[str, ...], broker: str) -> EnvRunSetup:
     """Everything checked before a run starts; ValueError / CaseFileError name the problem (exit 2)."""
-    from handlers.environments.medagentbench import OFFLINE_TASK_TYPES, load_functions
+    from grandrounds.handlers.environments.medagentbench import OFFLINE_TASK_TYPES, load_functions
 
     if not funcs:
         raise ValueError("--env medagentbench needs --funcs FILE (funcs_v1.json, the FHIR function specs)")
@@ -136,7 +136,7 @@ def prepare_medagentbench(tasks: str, funcs: str | None, patients: str | None, f
     except (ValueError, KeyError, TypeError) as exc:
         raise CaseFileError(funcs, None, None, f"not a MedAgentBench function file ({exc})") from None
     if patients:
-        from handlers.environments.fhir_sandbox import load_patients
+        from grandrounds.handlers.environments.fhir_sandbox import load_patients
 
         try:
             load_patients(patients)
@@ -151,7 +151,7 @@ def prepare_medagentbench(tasks: str, funcs: str | None, patients: str | None, f
 
 def per_task_type(store, run_id: str) -> dict[str, dict[str, int]]:
     """Tasks and correct answers per task type, from the run's events."""
-    from store.event_types import CaseCompleted, CaseReceived
+    from grandrounds.store.event_types import CaseCompleted, CaseReceived
 
     types: dict[str, int] = {}
     out: dict[int, dict[str, int]] = {}
@@ -167,7 +167,7 @@ def per_task_type(store, run_id: str) -> dict[str, dict[str, int]]:
 
 def fhir_task_class(case: dict):
     """SELSM's query/action partition of a `case.received` case (for the run's task metrics)."""
-    from handlers.environments.medagentbench import ACTION_TASK_TYPES
+    from grandrounds.handlers.environments.medagentbench import ACTION_TASK_TYPES
 
     if case.get("kind") != "fhir":
         return None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from handlers.runs import RunSpec, read_spec
-from store.event_types import MemorySeeded
-from store.eventstore import EventStore
-from store.snapshot import memory_snapshot, source_of
+from grandrounds.handlers.runs import RunSpec, read_spec
+from grandrounds.store.event_types import MemorySeeded
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.snapshot import memory_snapshot, source_of
 
 
 def seed_memory(store: EventStore, memory_db: str | None, run_id: str,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 
 from grandrounds.env_run import EnvRunSetup
-from handlers.environments.osce_env import OsceEnvironmentRecord
+from grandrounds.handlers.environments.osce_env import OsceEnvironmentRecord
 
 SUPPORTED_POLICIES = ("evo-medagent", "none")
 """Policies whose stages handle OSCE dialogues; another is refused up front (exit 2)."""
@@ -20,7 +20,7 @@ SIM_NOTE = ("sim backbone: scripted doctor (fixed questions, each recorded test 
 
 
 def _open(record: OsceEnvironmentRecord):
-    from handlers.environments.osce_env import open_environment
+    from grandrounds.handlers.environments.osce_env import open_environment
 
     return open_environment(record)
 
@@ -28,8 +28,8 @@ def _open(record: OsceEnvironmentRecord):
 def prepare_agentclinic(cases_file: str, max_turns: int | None, limit: int | None, policy_name: str,
                         sim_tools: tuple[str, ...], broker: str, mab_given: list[str]) -> EnvRunSetup:
     """Everything checked before a run starts; ValueError / CaseFileError name the problem (exit 2)."""
-    from handlers.environments.agentclinic_osce import load_osce_cases
-    from handlers.environments.base import FileRef
+    from grandrounds.handlers.environments.agentclinic_osce import load_osce_cases
+    from grandrounds.handlers.environments.base import FileRef
 
     if mab_given:
         raise ValueError(f"{', '.join(mab_given)}: only with --env medagentbench (MedAgentBench FHIR tasks)")

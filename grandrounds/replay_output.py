@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 
 from grandrounds.output import _curve_points
-from replay.audit_common import short
-from replay.audit_history import describe
-from replay.plot import SIM_CAPTION
+from grandrounds.replay.audit_common import short
+from grandrounds.replay.audit_history import describe
+from grandrounds.replay.plot import SIM_CAPTION
 
 
 def render_replay(res: dict, db: str) -> str:

@@ -7,14 +7,14 @@ executed is recorded as the answer's steps (what feedback grades).
 
 from __future__ import annotations
 
-from handlers.backbones.base import CaseFailure, records_exchanges
-from handlers.cases import CaseView, FhirCaseView
-from handlers.context import RunContext
-from handlers.llm.recorder import stage_recorder
-from handlers.randomness import case_rng
-from handlers.tools import ToolBox
-from store.event_types import AnswerGiven, MemoryRetrieved
-from store.llm_events import CaseFailed
+from grandrounds.handlers.backbones.base import CaseFailure, records_exchanges
+from grandrounds.handlers.cases import CaseView, FhirCaseView
+from grandrounds.handlers.context import RunContext
+from grandrounds.handlers.llm.recorder import stage_recorder
+from grandrounds.handlers.randomness import case_rng
+from grandrounds.handlers.tools import ToolBox
+from grandrounds.store.event_types import AnswerGiven, MemoryRetrieved
+from grandrounds.store.llm_events import CaseFailed
 
 
 class ActError(RuntimeError):

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from store.canonical import sha256_hex
+from grandrounds.store.canonical import sha256_hex
 
 
 class CaseView(BaseModel):

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlers.backbones.base import Backbone
-from handlers.policies.config import PolicyConfig
-from store.eventstore import ConsumedOffset, EventStore
-from store.events import EventPayload, NewEvent, StoredEvent
-from store.projection import MemoryProjection
+from grandrounds.handlers.backbones.base import Backbone
+from grandrounds.handlers.policies.config import PolicyConfig
+from grandrounds.store.eventstore import ConsumedOffset, EventStore
+from grandrounds.store.events import EventPayload, NewEvent, StoredEvent
+from grandrounds.store.projection import MemoryProjection
 
 
 class EventWriter:
@@ -66,6 +66,6 @@ class RunContext:
     """The policy's stage-facing implementation (`handlers.policies.base.MemoryPolicy`)."""
 
     def __post_init__(self) -> None:
-        from handlers.policies.registry import make_mechanism
+        from grandrounds.handlers.policies.registry import make_mechanism
 
         self.mechanism = make_mechanism(self.policy)

@@ -8,9 +8,9 @@ then names the reference and the grader's reason (`refsol:task3: payload matches
 
 from __future__ import annotations
 
-from handlers.cases import Case, FhirCase
-from handlers.context import RunContext
-from store.event_types import AnswerGiven, FeedbackRecorded, MemoryRetrieved
+from grandrounds.handlers.cases import Case, FhirCase
+from grandrounds.handlers.context import RunContext
+from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryRetrieved
 
 
 async def feedback(ctx: RunContext, case: Case | FhirCase, memory: MemoryRetrieved,
@@ -29,7 +29,7 @@ async def feedback(ctx: RunContext, case: Case | FhirCase, memory: MemoryRetriev
 
 async def feedback_fhir(ctx: RunContext, case: FhirCase, memory: MemoryRetrieved,
                         answer: AnswerGiven) -> FeedbackRecorded:
-    from handlers.environments.base import require_environment
+    from grandrounds.handlers.environments.base import require_environment
 
     correct, gold = require_environment(ctx, case).grade(case, answer)
     rule_outcomes, tool_outcomes = ctx.mechanism.outcomes(ctx, case, memory, answer, correct)
@@ -42,7 +42,7 @@ async def feedback_fhir(ctx: RunContext, case: FhirCase, memory: MemoryRetrieved
 async def feedback_osce(ctx: RunContext, case, memory: MemoryRetrieved, answer: AnswerGiven) -> FeedbackRecorded:
     """An AgentClinic OSCE case: the LLM judge (recorded, stage `judge`) with a model backbone, the
     normalised string match with sim; `gold` is the correct diagnosis."""
-    from handlers.environments.osce_env import judge_answer
+    from grandrounds.handlers.environments.osce_env import judge_answer
 
     verdict = await judge_answer(ctx, case, answer)
     rule_outcomes, tool_outcomes = ctx.mechanism.outcomes(ctx, case, memory, answer, verdict.correct)

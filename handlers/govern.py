@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from handlers.cases import Case
-from handlers.context import RunContext
-from store.event_types import CaseCompleted, FeedbackRecorded
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.context import RunContext
+from grandrounds.store.event_types import CaseCompleted, FeedbackRecorded
 
 
 async def govern(ctx: RunContext, case: Case, index: int, fb: FeedbackRecorded) -> CaseCompleted:

@@ -13,18 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from handlers.act import act
-from handlers.cases import Case, FhirCase
-from handlers.context import RunContext
-from handlers.environments.base import require_environment
-from handlers.feedback import feedback
-from handlers.govern import govern
-from handlers.reflect import reflect
-from handlers.retrieve import retrieve
-from handlers.tools import ToolBox
-from store.event_types import AnswerGiven, CaseCompleted, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
-from store.eventstore import EventStore
-from store.llm_events import CaseFailed
+from grandrounds.handlers.act import act
+from grandrounds.handlers.cases import Case, FhirCase
+from grandrounds.handlers.context import RunContext
+from grandrounds.handlers.environments.base import require_environment
+from grandrounds.handlers.feedback import feedback
+from grandrounds.handlers.govern import govern
+from grandrounds.handlers.reflect import reflect
+from grandrounds.handlers.retrieve import retrieve
+from grandrounds.handlers.tools import ToolBox
+from grandrounds.store.event_types import AnswerGiven, CaseCompleted, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.llm_events import CaseFailed
 
 STAGES = ("retrieve", "act", "feedback", "reflect", "govern")
 

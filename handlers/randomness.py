@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from store.canonical import sha256_hex
+from grandrounds.store.canonical import sha256_hex
 
 
 def _word(text: str) -> int:

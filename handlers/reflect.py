@@ -7,10 +7,10 @@ writes nothing.
 
 from __future__ import annotations
 
-from handlers.cases import Case
-from handlers.context import RunContext
-from store.event_types import AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
-from store.llm_events import CaseFailed
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.context import RunContext
+from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
+from grandrounds.store.llm_events import CaseFailed
 
 
 async def reflect(ctx: RunContext, case: Case, memory: MemoryRetrieved, answer: AnswerGiven,

@@ -6,14 +6,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.backbones import make_backbone
-from handlers.context import EventWriter, RunContext
-from handlers.policies.config import PolicyConfig, policy_from_dict, policy_to_dict
-from store.canonical import content_hash
-from store.embeddings import EmbeddingCache
-from store.event_types import MemorySeeded, RunStarted
-from store.eventstore import EventStore
-from store.projection import open_projection
+from grandrounds.handlers.backbones import make_backbone
+from grandrounds.handlers.context import EventWriter, RunContext
+from grandrounds.handlers.policies.config import PolicyConfig, policy_from_dict, policy_to_dict
+from grandrounds.store.canonical import content_hash
+from grandrounds.store.embeddings import EmbeddingCache
+from grandrounds.store.event_types import MemorySeeded, RunStarted
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.projection import open_projection
 
 
 class RunSpec(BaseModel):

@@ -11,8 +11,8 @@ tool misleads on ~81 % of calls.
 
 from __future__ import annotations
 
-from handlers.cases import Case
-from handlers.randomness import case_rng
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.randomness import case_rng
 
 
 def parse_tool_spec(spec: str) -> tuple[str, float]:

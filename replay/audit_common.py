@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from handlers.policies.config import EvoMedAgentPolicy, PolicyConfig
-from handlers.policies.evo_medagent import rule_utility
-from replay.caselog import require_spec
-from store.events import payload_class, upcast
-from store.eventstore import EventStore
-from store.memory_state import MemoryState, Rule
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy, PolicyConfig
+from grandrounds.handlers.policies.evo_medagent import rule_utility
+from grandrounds.replay.caselog import require_spec
+from grandrounds.store.events import payload_class, upcast
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.memory_state import MemoryState, Rule
 
 MEMORY_TYPES = ("run.started", "feedback.recorded", "episode.stored", "rule.added", "rule.edited",
                 "rule.priority_changed", "rule.retired", "tool.label_changed", "case.completed")

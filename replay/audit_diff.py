@@ -7,10 +7,10 @@ name. Reported: items only in one run, and items in both whose utility or status
 
 from __future__ import annotations
 
-from replay.audit_common import memory_at, utility_of
-from replay.caselog import require_spec
-from replay.stats import outcomes_of, summarise
-from store.eventstore import EventStore
+from grandrounds.replay.audit_common import memory_at, utility_of
+from grandrounds.replay.caselog import require_spec
+from grandrounds.replay.stats import outcomes_of, summarise
+from grandrounds.store.eventstore import EventStore
 
 
 def _keyed_rules(state, policy) -> dict[str, dict]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from replay.audit_common import case_indexes, resolve_case, short
-from replay.caselog import require_spec
-from store.eventstore import EventStore
+from grandrounds.replay.audit_common import case_indexes, resolve_case, short
+from grandrounds.replay.caselog import require_spec
+from grandrounds.store.eventstore import EventStore
 
 CHANGE_TYPES = ("episode.stored", "rule.added", "rule.edited", "rule.priority_changed", "rule.retired",
                 "tool.label_changed")

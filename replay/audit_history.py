@@ -12,12 +12,12 @@ from __future__ import annotations
 import bisect
 import json
 
-from handlers.policies.config import EvoMedAgentPolicy
-from handlers.policies.evo_medagent import rule_utility
-from replay.audit_common import AuditInputError, case_indexes, short
-from replay.caselog import require_spec
-from store.eventstore import EventStore
-from store.memory_state import Rule
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy
+from grandrounds.handlers.policies.evo_medagent import rule_utility
+from grandrounds.replay.audit_common import AuditInputError, case_indexes, short
+from grandrounds.replay.caselog import require_spec
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.memory_state import Rule
 
 RULE_TYPES = ("rule.added", "rule.edited", "rule.priority_changed", "rule.retired")
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from replay.audit_common import AsOf, AuditInputError, memory_at, resolve_as_of, utility_of
-from replay.caselog import require_spec
-from store.eventstore import EventStore
-from store.memory_state import MemoryState
+from grandrounds.replay.audit_common import AsOf, AuditInputError, memory_at, resolve_as_of, utility_of
+from grandrounds.replay.caselog import require_spec
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.memory_state import MemoryState
 
 KINDS = ("rule", "episode", "tool")
 POLICY_KINDS = {"skemex": "skill", "selsm": "selsm-record", "retrosum": "experience"}
@@ -37,8 +37,8 @@ def items(store: EventStore, run_id: str, as_of_case: int | None = None, as_of_s
 def policy_items(store: EventStore, run_id: str, upto_seq: int, status: str | None, sort: str) -> list[dict]:
     """Items of a SkeMex / SELSM / RetroSum memory as of `upto_seq`: the projection folded that far
     (its indexes need the embeddings, all cached in the file when the run wrote them)."""
-    from store.embeddings import EmbeddingCache, shared_minilm
-    from store.projection import rebuild
+    from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+    from grandrounds.store.projection import rebuild
 
     proj = rebuild(store, run_id, EmbeddingCache(shared_minilm(), store.conn), upto_seq=upto_seq)
     part = proj.state.policy_memory

@@ -6,10 +6,10 @@ validated case, so a run can be re-executed, or re-ordered, from its own log alo
 
 from __future__ import annotations
 
-from handlers.cases import Case, FhirCase
-from handlers.runs import RunSpec, read_spec
-from store.event_types import CaseReceived, MemorySeeded
-from store.eventstore import EventStore
+from grandrounds.handlers.cases import Case, FhirCase
+from grandrounds.handlers.runs import RunSpec, read_spec
+from grandrounds.store.event_types import CaseReceived, MemorySeeded
+from grandrounds.store.eventstore import EventStore
 
 
 class UnknownRun(LookupError):
@@ -39,7 +39,7 @@ def case_log(store: EventStore, run_id: str) -> list[Case | FhirCase]:
         assert isinstance(received, CaseReceived)
         kind = received.case.get("kind")
         if kind == "osce":  # an AgentClinic OSCE case (its environment: the run.started meta)
-            from handlers.environments.agentclinic_osce import OsceCase
+            from grandrounds.handlers.environments.agentclinic_osce import OsceCase
 
             cases.append(OsceCase.model_validate(received.case))
             continue

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 
-from handlers.policies.config import PolicyConfig, PolicyError, policy_from_dict, policy_to_dict, with_ablations
-from handlers.runs import RunSpec
-from store.canonical import content_hash
+from grandrounds.handlers.policies.config import PolicyConfig, PolicyError, policy_from_dict, policy_to_dict, with_ablations
+from grandrounds.handlers.runs import RunSpec
+from grandrounds.store.canonical import content_hash
 
 class CounterfactualError(ValueError):
     """A policy override that cannot apply (bad input: exit code 2)."""

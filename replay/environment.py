@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 
-from handlers.cases import FhirCase
-from handlers.environments.base import META_KEY, EnvironmentRecord
-from store.event_types import CaseReceived
-from store.eventstore import EventStore
+from grandrounds.handlers.cases import FhirCase
+from grandrounds.handlers.environments.base import META_KEY, EnvironmentRecord
+from grandrounds.store.event_types import CaseReceived
+from grandrounds.store.eventstore import EventStore
 
 
 class EnvironmentUnavailable(ValueError):
@@ -30,7 +30,7 @@ def recorded_environment(store: EventStore, run_id: str,
     data = first.meta.get(META_KEY)
     if data:
         if data.get("name") == "agentclinic":  # AgentClinic OSCE (handlers/environments/osce_env.py)
-            from handlers.environments.osce_env import OsceEnvironmentRecord
+            from grandrounds.handlers.environments.osce_env import OsceEnvironmentRecord
 
             return OsceEnvironmentRecord.model_validate(data)
         return EnvironmentRecord.model_validate(data)
@@ -47,7 +47,7 @@ def fhir_case_log(store: EventStore, run_id: str) -> list[FhirCase]:
     out = []
     for e in store.iter(run_id, types=[CaseReceived.event_type]):
         if e.payload["case"].get("kind") == "osce":
-            from handlers.environments.agentclinic_osce import OsceCase
+            from grandrounds.handlers.environments.agentclinic_osce import OsceCase
 
             out.append(OsceCase.model_validate(e.payload["case"]))
         else:
@@ -68,7 +68,7 @@ def source_matches(record: EnvironmentRecord, source: str | None, cases: list[Fh
     if parent is None or parent.identity() != record.identity() or \
             sorted(c.case_id for c in parent_cases) != sorted(c.case_id for c in cases):
         return False
-    from handlers.runs import read_spec
+    from grandrounds.handlers.runs import read_spec
 
     spec = read_spec(store, source)
     return spec is not None and source_matches(parent, spec.source, parent_cases, store, depth - 1)
@@ -101,9 +101,9 @@ def reopen_environment(record: EnvironmentRecord, run_id: str, source: str | Non
     a context manager that starts the sandbox on entry and stops it on exit."""
     check_environment(record, run_id, source, cases, what, error, store)
     if record.name == "agentclinic":
-        from handlers.environments.osce_env import open_environment as open_osce
+        from grandrounds.handlers.environments.osce_env import open_environment as open_osce
 
         return open_osce(record)
-    from handlers.environments.medagentbench_env import open_environment
+    from grandrounds.handlers.environments.medagentbench_env import open_environment
 
     return open_environment(record)

@@ -25,16 +25,16 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, Sequence
 
-from handlers.cases import Case
-from handlers.pipeline import process_case
-from handlers.runs import RunSpec, open_run
-from store.embeddings import EmbeddingCache, shared_minilm
-from store.eventstore import EventStore
-from store.event_types import MemorySeeded
-from store.events import StoredEvent
-from store.projection import MemoryProjection, save_checkpoint
-from store.vector_index import single_threaded_blas
-from streams.embedded import EmbeddedRunner
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.pipeline import process_case
+from grandrounds.handlers.runs import RunSpec, open_run
+from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.event_types import MemorySeeded
+from grandrounds.store.events import StoredEvent
+from grandrounds.store.projection import MemoryProjection, save_checkpoint
+from grandrounds.store.vector_index import single_threaded_blas
+from grandrounds.streams.embedded import EmbeddedRunner
 
 FLUSH_EVERY = 500
 cache_embedder = shared_minilm  # the embedder replays use; the model loads only on a cache miss

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from replay.caselog import require_spec
-from store.eventstore import EventStore
+from grandrounds.replay.caselog import require_spec
+from grandrounds.store.eventstore import EventStore
 
 FORMATS = ("parquet", "jsonl")
 _COLUMNS = "run_id, seq, type, schema_version, case_id, causation_seq, payload, meta, chain"

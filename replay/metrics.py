@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from store.event_types import CaseCompleted, RunStarted
-from store.eventstore import EventStore
-from store.memory_state import MemoryState
+from grandrounds.store.event_types import CaseCompleted, RunStarted
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.memory_state import MemoryState
 
 
 def cumulative_accuracy(outcomes: list[bool]) -> list[float]:

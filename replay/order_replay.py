@@ -31,20 +31,20 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
-from handlers.cases import Case, FhirCase
-from handlers.environments.base import EnvironmentRecord
-from handlers.llm.errors import ReplayDivergence
-from handlers.llm.record import RecordedExchanges
-from handlers.policies.config import PolicyConfig
-from handlers.runs import RunMismatch, RunSpec, read_spec
-from replay.caselog import case_log, require_spec, seeded_memory
-from replay.environment import check_environment, recorded_environment, reopen_environment
-from replay.counterfactual import derived_spec, is_counterfactual, variant_tag
-from replay.execute import JobResult, RunJob, run_jobs
-from replay.permutations import permutations
-from replay.stats import outcomes_of, summarise
-from store.embeddings import EmbeddingCache
-from store.eventstore import EventStore
+from grandrounds.handlers.cases import Case, FhirCase
+from grandrounds.handlers.environments.base import EnvironmentRecord
+from grandrounds.handlers.llm.errors import ReplayDivergence
+from grandrounds.handlers.llm.record import RecordedExchanges
+from grandrounds.handlers.policies.config import PolicyConfig
+from grandrounds.handlers.runs import RunMismatch, RunSpec, read_spec
+from grandrounds.replay.caselog import case_log, require_spec, seeded_memory
+from grandrounds.replay.environment import check_environment, recorded_environment, reopen_environment
+from grandrounds.replay.counterfactual import derived_spec, is_counterfactual, variant_tag
+from grandrounds.replay.execute import JobResult, RunJob, run_jobs
+from grandrounds.replay.permutations import permutations
+from grandrounds.replay.stats import outcomes_of, summarise
+from grandrounds.store.embeddings import EmbeddingCache
+from grandrounds.store.eventstore import EventStore
 
 
 MODEL_BACKBONES = ("openai", "record")

@@ -7,8 +7,8 @@ import base64
 import html
 import math
 
-from replay.plot import SIM_CAPTION, plot_curves, plot_growth
-from store.eventstore import EventStore
+from grandrounds.replay.plot import SIM_CAPTION, plot_curves, plot_growth
+from grandrounds.store.eventstore import EventStore
 
 
 def category_accuracy(store: EventStore, run_id: str) -> dict[str, dict]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from replay.metrics import cumulative_accuracy
-from store.eventstore import EventStore
+from grandrounds.replay.metrics import cumulative_accuracy
+from grandrounds.store.eventstore import EventStore
 
 
 def outcomes_of(store: EventStore, run_id: str) -> list[bool]:

@@ -14,17 +14,17 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.cases import FhirCase
-from handlers.environments.base import EnvironmentRecord
-from replay.caselog import case_log, require_spec, seeded_memory
-from replay.environment import EnvironmentUnavailable, fhir_case_log  # noqa: F401 (fhir_case_log: re-exported)
-from replay.environment import recorded_environment as _recorded_environment
-from replay.environment import reopen_environment as _reopen_environment
-from replay.execute import execute
-from store.canonical import canonical_json
-from store.embeddings import EmbeddingCache
-from store.eventstore import EventStore
-from store.events import StoredEvent
+from grandrounds.handlers.cases import FhirCase
+from grandrounds.handlers.environments.base import EnvironmentRecord
+from grandrounds.replay.caselog import case_log, require_spec, seeded_memory
+from grandrounds.replay.environment import EnvironmentUnavailable, fhir_case_log  # noqa: F401 (fhir_case_log: re-exported)
+from grandrounds.replay.environment import recorded_environment as _recorded_environment
+from grandrounds.replay.environment import reopen_environment as _reopen_environment
+from grandrounds.replay.execute import execute
+from grandrounds.store.canonical import canonical_json
+from grandrounds.store.embeddings import EmbeddingCache
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.events import StoredEvent
 
 
 class NotVerifiable(EnvironmentUnavailable):

@@ -16,7 +16,7 @@ from typing import Protocol, Sequence
 import duckdb
 import numpy as np
 
-from store.canonical import sha256_hex
+from grandrounds.store.canonical import sha256_hex
 
 MINILM = "all-MiniLM-L6-v2"
 DIM = 384

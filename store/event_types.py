@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from store.events import EventPayload, GrowingPayload, event, upcaster
+from grandrounds.store.events import EventPayload, GrowingPayload, event, upcaster
 
 Priority = Literal[0, 1, 2]
 ToolLabel = Literal["Trusted", "Caution", "Avoid"]
@@ -290,7 +290,7 @@ class CaseCompleted(EventPayload):
 
 # Registers the gateway's `llm.exchange` and `case.failed` types, so every reader of a log can
 # decode them. At the end: that module imports AgentStep from here.
-from store import llm_events as _llm_events  # noqa: E402,F401
-from store import skill_events as _skill_events  # noqa: E402,F401  (SkeMex)
-from store import selsm_events as _selsm_events  # noqa: E402,F401  (SELSM)
-from store import experience_events as _experience_events  # noqa: E402,F401  (RetroSum experience)
+from grandrounds.store import llm_events as _llm_events  # noqa: E402,F401
+from grandrounds.store import skill_events as _skill_events  # noqa: E402,F401  (SkeMex)
+from grandrounds.store import selsm_events as _selsm_events  # noqa: E402,F401  (SELSM)
+from grandrounds.store import experience_events as _experience_events  # noqa: E402,F401  (RetroSum experience)

@@ -13,7 +13,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-from store.canonical import canonical_json
+from grandrounds.store.canonical import canonical_json
 
 
 class EventPayload(BaseModel):

@@ -21,8 +21,8 @@ from typing import Iterator, Sequence
 
 import duckdb
 
-from store.canonical import canonical_json, sha256_hex
-from store.events import NewEvent, StoredEvent
+from grandrounds.store.canonical import canonical_json, sha256_hex
+from grandrounds.store.events import NewEvent, StoredEvent
 
 GENESIS = sha256_hex("grandrounds/event-chain/v1")
 

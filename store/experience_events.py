@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from store.events import EventPayload, event
+from grandrounds.store.events import EventPayload, event
 
 
 class Lesson(BaseModel):

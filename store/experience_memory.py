@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from store.events import EventPayload
-from store.experience_events import ExperienceStored, Lesson
-from store.policy_memory import Embed
-from store.vector_index import VectorIndex
+from grandrounds.store.events import EventPayload
+from grandrounds.store.experience_events import ExperienceStored, Lesson
+from grandrounds.store.policy_memory import Embed
+from grandrounds.store.vector_index import VectorIndex
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from store.event_types import AgentStep
-from store.events import EventPayload, event
+from grandrounds.store.event_types import AgentStep
+from grandrounds.store.events import EventPayload, event
 
 
 class LLMMessage(BaseModel):

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from store import event_types as ev
-from store.events import EventPayload
+from grandrounds.store import event_types as ev
+from grandrounds.store.events import EventPayload
 
 
 @dataclass

@@ -14,14 +14,14 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from store.events import EventPayload
+from grandrounds.store.events import EventPayload
 
 Embed = Callable[[str], np.ndarray]
 
 _PARTS: dict[str, str] = {
-    "skemex": "store.skill_memory:SkillMemory",
-    "selsm": "store.selsm_memory:SelsmMemory",
-    "retrosum": "store.experience_memory:ExperienceMemory",
+    "skemex": "grandrounds.store.skill_memory:SkillMemory",
+    "selsm": "grandrounds.store.selsm_memory:SelsmMemory",
+    "retrosum": "grandrounds.store.experience_memory:ExperienceMemory",
 }
 
 

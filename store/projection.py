@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from store import event_types as ev
-from store.embeddings import EmbeddingCache
-from store.eventstore import EventStore
-from store.events import EventPayload, StoredEvent, payload_class, upcast
-from store.memory_state import MemoryState
-from store.policy_memory import part_for
-from store.vector_index import VectorIndex
+from grandrounds.store import event_types as ev
+from grandrounds.store.embeddings import EmbeddingCache
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.events import EventPayload, StoredEvent, payload_class, upcast
+from grandrounds.store.memory_state import MemoryState
+from grandrounds.store.policy_memory import part_for
+from grandrounds.store.vector_index import VectorIndex
 
 PROJECTION_VERSION = 2  # 2: policy memory parts, memory.seeded
 CHECKPOINT_NAME = "memory"

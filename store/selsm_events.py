@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from store.events import EventPayload, event
+from grandrounds.store.events import EventPayload, event
 
 StepLabel = Literal["+", "-"]
 """The judge's binary step label ℓ_t: `+` correct step, `-` wrong step."""

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from store.events import EventPayload
-from store.policy_memory import Embed
-from store.selsm_events import RecordStored, SkillRejected, StoredTransition, TrajectoryJudged, render_skill
-from store.vector_index import VectorIndex
+from grandrounds.store.events import EventPayload
+from grandrounds.store.policy_memory import Embed
+from grandrounds.store.selsm_events import RecordStored, SkillRejected, StoredTransition, TrajectoryJudged, render_skill
+from grandrounds.store.vector_index import VectorIndex
 
 
 @dataclass

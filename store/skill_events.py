@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from store.events import EventPayload, event
+from grandrounds.store.events import EventPayload, event
 
 Branch = Literal["general", "task", "action"]
 """general: any case; task: one task category; action: one tool's use."""

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from store import skill_events as sk
-from store.events import EventPayload
-from store.policy_memory import Embed
-from store.vector_index import VectorIndex
+from grandrounds.store import skill_events as sk
+from grandrounds.store.events import EventPayload
+from grandrounds.store.policy_memory import Embed
+from grandrounds.store.vector_index import VectorIndex
 
 LIVE = ("active", "mature")
 """Statuses retrieval may show."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.event_types import MemorySeeded, RunStarted
-from store.events import payload_class
-from store.eventstore import EventStore
+from grandrounds.store.event_types import MemorySeeded, RunStarted
+from grandrounds.store.events import payload_class
+from grandrounds.store.eventstore import EventStore
 
 
 class SnapshotError(ValueError):

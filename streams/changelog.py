@@ -20,8 +20,8 @@ from typing import Callable, Iterable, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from store.events import StoredEvent
-from store.eventstore import EventStore, StoreError
+from grandrounds.store.events import StoredEvent
+from grandrounds.store.eventstore import EventStore, StoreError
 
 log = logging.getLogger("grandrounds.kafka")
 

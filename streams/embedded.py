@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Callable, Literal, Sequence
 
-from handlers.cases import Case
-from handlers.context import RunContext
-from handlers.pipeline import CaseProgress, case_progress, process_case
-from store.projection import save_checkpoint
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.context import RunContext
+from grandrounds.handlers.pipeline import CaseProgress, case_progress, process_case
+from grandrounds.store.projection import save_checkpoint
 
 Progress = Callable[[int, bool], None]  # (case index, correct)
 

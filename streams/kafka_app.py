@@ -6,7 +6,7 @@ sent to the dead-letter topic with the error by `DeadLetterMiddleware`, and the 
 on. Acknowledgement is manual (`AckPolicy.MANUAL`): offsets are committed by the worker,
 per partition, only up to the first message not yet processed.
 
-The same definitions generate the AsyncAPI document (`python -m streams.asyncapi`).
+The same definitions generate the AsyncAPI document (`grandrounds asyncapi`).
 """
 
 import asyncio
@@ -27,13 +27,13 @@ from faststream.kafka.schemas import Topic
 from faststream.middlewares import AckPolicy, BaseMiddleware
 from pydantic import ValidationError
 
-from store.embeddings import EmbeddingCache, shared_minilm
-from store.eventstore import EventStore
-from streams.assignor import copartition_assignor
-from streams.changelog import encode_batch
-from streams.kafka_worker import KafkaWorker
-from streams.messages import ChangelogBatch, DeadLetter, RetrieveCommand, StageCommand
-from streams.topics import (DEFAULT_GROUP, DEFAULT_PARTITIONS, DEFAULT_PREFIX, STAGES, Topics, ensure_topics,
+from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+from grandrounds.store.eventstore import EventStore
+from grandrounds.streams.assignor import copartition_assignor
+from grandrounds.streams.changelog import encode_batch
+from grandrounds.streams.kafka_worker import KafkaWorker
+from grandrounds.streams.messages import ChangelogBatch, DeadLetter, RetrieveCommand, StageCommand
+from grandrounds.streams.topics import (DEFAULT_GROUP, DEFAULT_PARTITIONS, DEFAULT_PREFIX, STAGES, Topics, ensure_topics,
                            partition_for)
 
 log = logging.getLogger("grandrounds.kafka")

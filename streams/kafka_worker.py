@@ -43,18 +43,18 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from handlers.cases import Case
-from handlers.pipeline import STAGES, CaseProgress, case_progress, process_case
-from handlers.runs import RunMismatch, open_run, read_spec
-from store.embeddings import EmbeddingCache
-from store.event_types import CaseReceived, ReflectionRecorded
-from store.eventstore import ConsumedOffset, EventStore
-from store.events import NewEvent, StoredEvent
-from store.projection import Checkpoint, checkpoint_of, save_checkpoint, write_checkpoint
-from streams.changelog import changelog_consumer, import_partitions
-from streams.messages import CaseMessage, DeadLetter, RunStart, StageCommand
-from streams.offsets import PartitionOffsets
-from streams.topics import Topics, partition_for
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.pipeline import STAGES, CaseProgress, case_progress, process_case
+from grandrounds.handlers.runs import RunMismatch, open_run, read_spec
+from grandrounds.store.embeddings import EmbeddingCache
+from grandrounds.store.event_types import CaseReceived, ReflectionRecorded
+from grandrounds.store.eventstore import ConsumedOffset, EventStore
+from grandrounds.store.events import NewEvent, StoredEvent
+from grandrounds.store.projection import Checkpoint, checkpoint_of, save_checkpoint, write_checkpoint
+from grandrounds.streams.changelog import changelog_consumer, import_partitions
+from grandrounds.streams.messages import CaseMessage, DeadLetter, RunStart, StageCommand
+from grandrounds.streams.offsets import PartitionOffsets
+from grandrounds.streams.topics import Topics, partition_for
 
 log = logging.getLogger("grandrounds.kafka")
 

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.cases import Case
-from handlers.runs import RunSpec
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.runs import RunSpec
 
 
 class _Message(BaseModel):

@@ -19,13 +19,13 @@ from typing import Callable, Sequence
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faststream.kafka import KafkaBroker
 
-from handlers.cases import Case
-from handlers.runs import RunSpec
-from store.event_types import CaseCompleted
-from store.eventstore import ConsumedOffset, EventStore
-from streams.changelog import ChangelogImporter, ImportTally, batch_span, changelog_consumer, import_partitions
-from streams.messages import CaseMessage, DeadLetter, RunStart
-from streams.topics import DEFAULT_PARTITIONS, Topics, ensure_topics, partition_count, partition_for
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.runs import RunSpec
+from grandrounds.store.event_types import CaseCompleted
+from grandrounds.store.eventstore import ConsumedOffset, EventStore
+from grandrounds.streams.changelog import ChangelogImporter, ImportTally, batch_span, changelog_consumer, import_partitions
+from grandrounds.streams.messages import CaseMessage, DeadLetter, RunStart
+from grandrounds.streams.topics import DEFAULT_PARTITIONS, Topics, ensure_topics, partition_count, partition_for
 
 log = logging.getLogger("grandrounds.kafka")
 

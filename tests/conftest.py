@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from handlers.cases import Case, load_cases
-from handlers.policies.config import EvoMedAgentPolicy, NoMemoryPolicy
-from handlers.runs import RunSpec, open_run
-from store.embeddings import EmbeddingCache, shared_minilm
-from store.eventstore import EventStore
-from streams.embedded import EmbeddedRunner
+from grandrounds.handlers.cases import Case, load_cases
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy, NoMemoryPolicy
+from grandrounds.handlers.runs import RunSpec, open_run
+from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+from grandrounds.store.eventstore import EventStore
+from grandrounds.streams.embedded import EmbeddedRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "cases.jsonl"

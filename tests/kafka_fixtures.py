@@ -75,7 +75,7 @@ class WarmStore:
 
     def fingerprint_upto(self, cases: int, lag: int = 0) -> str:
         """The reference run's fingerprint after its first `cases` cases (a shorter run's whole log)."""
-        from store.eventstore import EventStore
+        from grandrounds.store.eventstore import EventStore
 
         with EventStore(self.db, read_only=True) as store:
             run = self.reference[lag]["run_id"]
@@ -87,10 +87,10 @@ class WarmStore:
 def kafka_warm(tmp_path_factory) -> WarmStore:
     """Embedded reference runs over the first N_CASES example cases (embeds each text once)."""
     from grandrounds.app import run_cases
-    from handlers.cases import load_cases
-    from handlers.policies.config import EvoMedAgentPolicy
-    from handlers.runs import RunSpec
-    from store.eventstore import EventStore
+    from grandrounds.handlers.cases import load_cases
+    from grandrounds.handlers.policies.config import EvoMedAgentPolicy
+    from grandrounds.handlers.runs import RunSpec
+    from grandrounds.store.eventstore import EventStore
 
     d = tmp_path_factory.mktemp("kafka-warm")
     cases_file = d / "cases.jsonl"
@@ -114,7 +114,7 @@ def unique_prefix() -> str:
 
 def run_ids_on_partitions(partitions: list[int], n_partitions: int = 8, stem: str = "run") -> list[str]:
     """Run ids that the default partitioner puts on the given partitions, in that order."""
-    from streams.topics import partition_for
+    from grandrounds.streams.topics import partition_for
 
     out, i = [], 0
     for p in partitions:
@@ -130,7 +130,7 @@ def run_ids_on_partitions(partitions: list[int], n_partitions: int = 8, stem: st
 
 @asynccontextmanager
 async def running_worker(bootstrap: str, db: Path, prefix: str, **settings):
-    from streams.kafka_app import KafkaWorkerApp, WorkerSettings
+    from grandrounds.streams.kafka_app import KafkaWorkerApp, WorkerSettings
 
     opts = {"group_id": prefix + "g", "keep_step_log": True}
     opts.update(settings)

@@ -8,10 +8,10 @@ import re
 import numpy as np
 
 from grandrounds.app import run_cases
-from handlers.llm.gateway import RetryPolicy
-from handlers.policies.config import EvoMedAgentPolicy
-from handlers.runs import RunSpec
-from store.embeddings import EmbeddingCache
+from grandrounds.handlers.llm.gateway import RetryPolicy
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy
+from grandrounds.handlers.runs import RunSpec
+from grandrounds.store.embeddings import EmbeddingCache
 
 SECRET = "sk-test-SECRET-never-store-0123456789"
 MODEL = "fake-clinician-1"

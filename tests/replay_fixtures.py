@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from grandrounds.app import run_cases
-from handlers.cases import Case, load_cases
-from handlers.policies.config import EvoMedAgentPolicy, NoMemoryPolicy
-from handlers.runs import RunSpec
-from store.embeddings import EmbeddingCache, shared_minilm
-from store.eventstore import EventStore
+from grandrounds.handlers.cases import Case, load_cases
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy, NoMemoryPolicy
+from grandrounds.handlers.runs import RunSpec
+from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+from grandrounds.store.eventstore import EventStore
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "cases.jsonl"

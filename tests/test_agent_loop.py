@@ -6,11 +6,11 @@ import pytest
 
 from conftest import EXAMPLES
 from fake_openai_server import FakeOpenAI
-from handlers.agent.guard import FINAL_NOTICE, LOOP_NOTICE, TRIM_NOTICE, GuardConfig, HistoryTurn, render
-from handlers.agent.protocol import align_answer, fallback_answer, parse_turn
-from handlers.cases import load_cases
+from grandrounds.handlers.agent.guard import FINAL_NOTICE, LOOP_NOTICE, TRIM_NOTICE, GuardConfig, HistoryTurn, render
+from grandrounds.handlers.agent.protocol import align_answer, fallback_answer, parse_turn
+from grandrounds.handlers.cases import load_cases
 from llm_helpers import live_options, openai_spec, run
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 OPTIONS = {"A": "Temporal artery biopsy", "B": "Bacterial meningitis", "C": "Aortic dissection"}
 

@@ -12,18 +12,18 @@ from click.testing import CliRunner
 from conftest import AC_MEDQA, AC_MEDQA_EXT, AC_NEJM, AC_NEJM_EXT, AGENTCLINIC
 from fake_openai_server import FakeOpenAI
 from grandrounds.cli import main
-from handlers.agent.osce_dialogue import SimDoctor, parse_doctor, run_osce_dialogue
-from handlers.agent.osce_runner import run_osce_case
-from handlers.backbones.sim import rule_text
-from handlers.cases import CaseFileError
-from handlers.environments.agentclinic_osce import (NEJM_OBJECTIVE, MeasurementTool, RulePatient,
+from grandrounds.handlers.agent.osce_dialogue import SimDoctor, parse_doctor, run_osce_dialogue
+from grandrounds.handlers.agent.osce_runner import run_osce_case
+from grandrounds.handlers.backbones.sim import rule_text
+from grandrounds.handlers.cases import CaseFileError
+from grandrounds.handlers.environments.agentclinic_osce import (NEJM_OBJECTIVE, MeasurementTool, RulePatient,
                                                     diagnosis_vocabulary, load_osce_cases)
-from handlers.environments.osce_grading import judge, normalise, string_match
-from handlers.llm.gateway import LLMGateway, RetryPolicy
-from handlers.llm.runlog import RunLog
-from handlers.llm.transport import OpenAITransport
+from grandrounds.handlers.environments.osce_grading import judge, normalise, string_match
+from grandrounds.handlers.llm.gateway import LLMGateway, RetryPolicy
+from grandrounds.handlers.llm.runlog import RunLog
+from grandrounds.handlers.llm.transport import OpenAITransport
 from llm_helpers import SECRET
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 needs_agentclinic = pytest.mark.skipif(
     not all(p.exists() for p in (AC_MEDQA, AC_MEDQA_EXT, AC_NEJM, AC_NEJM_EXT)),

@@ -10,13 +10,13 @@ from click.testing import CliRunner
 
 from grandrounds.app import run_cases
 from grandrounds.cli import main
-from handlers.policies.config import EvoMedAgentPolicy
-from handlers.runs import RunSpec
-from replay.audit_history import history
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy
+from grandrounds.handlers.runs import RunSpec
+from grandrounds.replay.audit_history import history
 from replay_fixtures import recorded_db, teaching_cases  # noqa: F401
-from store.embeddings import EmbeddingCache, shared_minilm
-from store.eventstore import EventStore
-from store.projection import rebuild
+from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.projection import rebuild
 
 
 def _audit(db, *args):
@@ -132,7 +132,7 @@ def test_items_time_travel_matches_a_rebuild_of_the_log(recorded_db):
     with EventStore(recorded_db, read_only=True) as store:
         assert store.read("src", upto_seq=seq)[-1].type == "case.completed"
         state = rebuild(store, "src", EmbeddingCache(shared_minilm(), None), upto_seq=seq).state
-    from handlers.policies.evo_medagent import rule_utility
+    from grandrounds.handlers.policies.evo_medagent import rule_utility
 
     rules = {i["id"]: i for i in out["items"] if i["kind"] == "rule"}
     assert set(rules) == set(state.rules)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from conftest import EXAMPLES
 from grandrounds.cli import main
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from store import event_types as ev
-from store.eventstore import ConcurrencyConflict, EventStore
-from store.events import NewEvent, upcast
+from grandrounds.store import event_types as ev
+from grandrounds.store.eventstore import ConcurrencyConflict, EventStore
+from grandrounds.store.events import NewEvent, upcast
 
 
 def _received(i: int) -> NewEvent:
@@ -139,7 +139,7 @@ def test_import_rejects_altered_events(store: EventStore):
 def test_group_commit_stores_each_partitions_position_new_or_known(store: EventStore):
     # A group commit stores several partitions' positions at once; the first time a partition
     # appears its row is created, later commits move it, and a rolled-back batch moves nothing.
-    from store.eventstore import ConsumedOffset
+    from grandrounds.store.eventstore import ConsumedOffset
 
     def pos(topic, partition, offset):
         return ConsumedOffset("g", topic, partition, offset)

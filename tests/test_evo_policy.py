@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from handlers.policies.config import EvoMedAgentPolicy, PolicyError, load_policy
-from handlers.policies.evo_medagent import render_prefix, rule_utility, selection_score, tool_label
-from store.event_types import RetrievedEpisode, RetrievedRule, ToolGuidance
-from store.memory_state import Rule, ToolRecord
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy, PolicyError, load_policy
+from grandrounds.handlers.policies.evo_medagent import render_prefix, rule_utility, selection_score, tool_label
+from grandrounds.store.event_types import RetrievedEpisode, RetrievedRule, ToolGuidance
+from grandrounds.store.memory_state import Rule, ToolRecord
 
 CFG = EvoMedAgentPolicy()
 

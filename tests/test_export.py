@@ -9,10 +9,10 @@ import duckdb
 from click.testing import CliRunner
 
 from grandrounds.cli import main
-from replay.stats import outcomes_of
+from grandrounds.replay.stats import outcomes_of
 from replay_fixtures import recorded_db  # noqa: F401
-from store.canonical import canonical_json
-from store.eventstore import GENESIS, EventStore, _chain_link, event_line
+from grandrounds.store.canonical import canonical_json
+from grandrounds.store.eventstore import GENESIS, EventStore, _chain_link, event_line
 
 
 def _export(db, *args):

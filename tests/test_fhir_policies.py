@@ -15,7 +15,7 @@ from conftest import MAB_TASKS as TASKS, needs_medagentbench
 from fake_openai_server import FakeOpenAI
 from fhir_helpers import invoke_json, offline_tasks_file, patient_lookup_turn, run_fhir
 from llm_helpers import SECRET
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 pytestmark = needs_medagentbench
 

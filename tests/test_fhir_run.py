@@ -12,7 +12,7 @@ import pytest
 from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
 from fhir_helpers import FhirFake, TYPES, invoke_json, offline_tasks_file, run_fhir
 from llm_helpers import SECRET
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 pytestmark = needs_medagentbench
 

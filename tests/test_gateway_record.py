@@ -8,11 +8,11 @@ import pytest
 
 from conftest import EXAMPLES
 from fake_openai_server import FakeOpenAI
-from handlers.cases import load_cases
-from handlers.llm.errors import ReplayDivergence
-from handlers.llm.record import RecordedExchanges
+from grandrounds.handlers.cases import load_cases
+from grandrounds.handlers.llm.errors import ReplayDivergence
+from grandrounds.handlers.llm.record import RecordedExchanges
 from llm_helpers import MODEL, SECRET, live_options, openai_spec, run
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from kafka_fixtures import (grandrounds, kafka_broker, kafka_warm, spawn_worker, stop_worker,  # noqa: F401
                             unique_prefix)
-from store.eventstore import EventStore
-from streams.topics import Topics, partition_for
+from grandrounds.store.eventstore import EventStore
+from grandrounds.streams.topics import Topics, partition_for
 
 pytestmark = [pytest.mark.kafka]
 
@@ -63,7 +63,7 @@ def test_cli_run_over_kafka_equals_embedded(kafka_broker, kafka_warm, tmp_path):
 
 async def test_sigkill_the_worker_at_random_points_then_resume(kafka_broker, kafka_warm, tmp_path):
     """≥5 SIGKILLs mid-run; after restarts every case ran once and the fingerprint is the uninterrupted one."""
-    from streams.producer import submit_run
+    from grandrounds.streams.producer import submit_run
 
     boot, prefix = kafka_broker.bootstrap, unique_prefix()
     topics = Topics(prefix)
@@ -144,7 +144,7 @@ async def test_sigkill_the_worker_at_random_points_then_resume(kafka_broker, kaf
         assert len(rules) == len(set(rules))
     # The changelog holds the same log, batch for batch, without gaps.
     with EventStore(tmp_path / "from-changelog.duckdb") as combined:
-        from streams.producer import collect
+        from grandrounds.streams.producer import collect
 
         tally = await collect(boot, combined, topics)
         assert not tally.diverged

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from handlers.pipeline import CaseProgress
-from store.eventstore import EventStore
-from store.events import NewEvent
-from store.event_types import CaseCompleted, RunStarted
-from streams.assignor import copartition_plan
-from streams.changelog import ChangelogImporter, batch_span, decode_batch, encode_batch
-from streams.kafka_worker import Delivery, KafkaWorker, next_stage
-from streams.offsets import PartitionOffsets
-from streams.topics import BrokerUrlError, Topics, parse_broker_url, partition_for
+from grandrounds.handlers.pipeline import CaseProgress
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.events import NewEvent
+from grandrounds.store.event_types import CaseCompleted, RunStarted
+from grandrounds.streams.assignor import copartition_plan
+from grandrounds.streams.changelog import ChangelogImporter, batch_span, decode_batch, encode_batch
+from grandrounds.streams.kafka_worker import Delivery, KafkaWorker, next_stage
+from grandrounds.streams.offsets import PartitionOffsets
+from grandrounds.streams.topics import BrokerUrlError, Topics, parse_broker_url, partition_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -174,7 +174,7 @@ def test_next_stage_follows_process_case():
 
 def test_committed_asyncapi_document_is_current():
     from grandrounds import __version__
-    from streams.kafka_app import asyncapi_document
+    from grandrounds.streams.kafka_app import asyncapi_document
 
     committed = (ROOT / "docs" / "asyncapi.json").read_text(encoding="utf-8")
     assert committed == asyncapi_document("json", version=__version__), (

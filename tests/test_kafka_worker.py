@@ -18,11 +18,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from kafka_fixtures import (completed_cases, kafka_broker, kafka_warm, run_ids_on_partitions,  # noqa: F401
                             running_worker, unique_prefix, wait_until)
-from store.eventstore import EventStore
-from store.projection import open_projection
-from streams.changelog import batch_span
-from streams.producer import collect, follow_run, submit_run
-from streams.topics import Topics, partition_count, partition_for
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.projection import open_projection
+from grandrounds.streams.changelog import batch_span
+from grandrounds.streams.producer import collect, follow_run, submit_run
+from grandrounds.streams.topics import Topics, partition_count, partition_for
 
 pytestmark = [pytest.mark.kafka]
 
@@ -173,7 +173,7 @@ async def test_redelivery_changes_nothing_and_restart_resumes_from_duckdb_offset
 
 
 async def test_act_longer_than_max_poll_interval_costs_no_rebalance(kafka_broker, kafka_warm, tmp_path, monkeypatch):
-    from handlers.backbones.sim import SimBackbone
+    from grandrounds.handlers.backbones.sim import SimBackbone
 
     boot, prefix = kafka_broker.bootstrap, unique_prefix()
     topics = Topics(prefix)
@@ -243,7 +243,7 @@ async def test_control_a_handler_that_awaits_the_slow_call_inline_does_lose_its_
 
 async def test_parallel_runs_then_takeover_by_a_second_worker(kafka_broker, kafka_warm, tmp_path, monkeypatch):
     """Two workers share the group; one stops mid-way; the other finishes every run from the changelog."""
-    from handlers.backbones.sim import SimBackbone
+    from grandrounds.handlers.backbones.sim import SimBackbone
 
     original = SimBackbone.act
 
@@ -402,7 +402,7 @@ async def test_a_stage_that_fails_on_a_command_taken_up_ahead_goes_to_dead_lette
         kafka_broker, kafka_warm, tmp_path, monkeypatch):
     """act runs off a command the worker took up before its ack; when it raises, the dead letter
     names that command's topic and offset, and the worker goes on with other runs."""
-    from handlers.backbones.sim import SimBackbone
+    from grandrounds.handlers.backbones.sim import SimBackbone
 
     boot, prefix = kafka_broker.bootstrap, unique_prefix()
     topics = Topics(prefix)

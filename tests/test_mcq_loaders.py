@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from grandrounds.cli import main
-from handlers.cases import load_cases
-from handlers.environments.mcq_loaders import chest_case, load_agentclinic_nejm, load_chestagentbench, nejm_case
+from grandrounds.handlers.cases import load_cases
+from grandrounds.handlers.environments.mcq_loaders import chest_case, load_agentclinic_nejm, load_chestagentbench, nejm_case
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CHEST = DATA / "chestagentbench_evomedagent" / "real_cases.json"

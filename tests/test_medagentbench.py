@@ -10,9 +10,9 @@ from datetime import datetime
 
 import pytest
 
-from handlers.cases import Case, FhirCase
-from handlers.environments.fhir_sandbox import FhirSandbox
-from handlers.environments.medagentbench import (
+from grandrounds.handlers.cases import Case, FhirCase
+from grandrounds.handlers.environments.fhir_sandbox import FhirSandbox
+from grandrounds.handlers.environments.medagentbench import (
     NOW, OFFLINE_TASK_TYPES, TASK8_COMMENT, FhirCall, FhirTools, FhirTrajectory, NeedsFullServer, calculate_age,
     finish_payload, grade, load_functions, load_tasks)
 

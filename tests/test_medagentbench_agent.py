@@ -8,13 +8,13 @@ from collections import Counter
 
 import pytest
 
-from handlers.agent.fhir_react import parse_fhir_turn, run_fhir_agent, sim_fhir_agent
-from handlers.agent.react import AgentConfig
-from handlers.backbones.base import CaseFailure
-from handlers.environments.fhir_sandbox import FhirSandbox
-from handlers.environments.medagentbench import (
+from grandrounds.handlers.agent.fhir_react import parse_fhir_turn, run_fhir_agent, sim_fhir_agent
+from grandrounds.handlers.agent.react import AgentConfig
+from grandrounds.handlers.backbones.base import CaseFailure
+from grandrounds.handlers.environments.fhir_sandbox import FhirSandbox
+from grandrounds.handlers.environments.medagentbench import (
     OFFLINE_TASK_TYPES, FhirTools, NeedsFullServer, grade, load_functions, load_tasks)
-from handlers.llm.recorder import Recorder
+from grandrounds.handlers.llm.recorder import Recorder
 
 from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
 

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
 from fake_openai_server import FakeOpenAI
 from grandrounds.cli import main
-from handlers.agent.fhir_official import parse_action
-from handlers.environments.medagentbench import FhirTools, load_functions
+from grandrounds.handlers.agent.fhir_official import parse_action
+from grandrounds.handlers.environments.medagentbench import FhirTools, load_functions
 from llm_helpers import SECRET
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 BP_PAYLOAD = {"resourceType": "Observation",
               "category": [{"coding": [{"system": "http://hl7.org/fhir/observation-category",

@@ -13,7 +13,7 @@ from conftest import AC_MEDQA
 from fake_openai_server import FakeOpenAI
 from grandrounds.cli import main
 from llm_helpers import SECRET
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 pytestmark = pytest.mark.skipif(not AC_MEDQA.exists(), reason=f"AgentClinic data not found at {AC_MEDQA}")
 

@@ -8,19 +8,19 @@ import numpy as np
 import pytest
 
 from conftest import run_in
-from handlers.cases import Case
-from handlers.context import EventWriter, RunContext
-from handlers.pipeline import case_progress, process_case
-from handlers.policies.config import EvoMedAgentPolicy
-from handlers.reflect import reflect
-from handlers.runs import RunMismatch, RunSpec, open_run
-from handlers.backbones.sim import SimBackbone
-from handlers.tools import ToolBox
-from store import event_types as ev
-from store.embeddings import EmbeddingCache, shared_minilm
-from store.eventstore import EventStore
-from store.projection import MemoryProjection, open_projection, rebuild
-from streams.embedded import EmbeddedRunner
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.context import EventWriter, RunContext
+from grandrounds.handlers.pipeline import case_progress, process_case
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy
+from grandrounds.handlers.reflect import reflect
+from grandrounds.handlers.runs import RunMismatch, RunSpec, open_run
+from grandrounds.handlers.backbones.sim import SimBackbone
+from grandrounds.handlers.tools import ToolBox
+from grandrounds.store import event_types as ev
+from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.projection import MemoryProjection, open_projection, rebuild
+from grandrounds.streams.embedded import EmbeddedRunner
 
 
 def test_memory_beats_the_memory_free_baseline_on_the_same_stream(example_cases, evo_spec, none_spec):

@@ -19,16 +19,16 @@ import pytest
 
 from conftest import EXAMPLES
 from fake_openai_server import FakeOpenAI
-from handlers.cases import load_cases
-from handlers.llm.record import RecordedExchanges
-from handlers.policies.selsm.config import SelsmPolicy
-from handlers.policies.selsm.judge import JUDGE_SYSTEM
-from handlers.policies.skemex.config import SkeMexPolicy
-from handlers.policies.skemex.distill import SYSTEM_ASSESS, SYSTEM_DRAFT
-from handlers.runs import RunSpec
+from grandrounds.handlers.cases import load_cases
+from grandrounds.handlers.llm.record import RecordedExchanges
+from grandrounds.handlers.policies.selsm.config import SelsmPolicy
+from grandrounds.handlers.policies.selsm.judge import JUDGE_SYSTEM
+from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
+from grandrounds.handlers.policies.skemex.distill import SYSTEM_ASSESS, SYSTEM_DRAFT
+from grandrounds.handlers.runs import RunSpec
 from llm_helpers import MODEL, live_options, run
-from store.eventstore import EventStore
-from store.selsm_events import LogicalSkill, render_skill as render_logical_skill
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.selsm_events import LogicalSkill, render_skill as render_logical_skill
 
 MALFORMED = "Sure! Here is what I think: the agent should be more careful next time."
 MRN = "S6534835"

@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from grandrounds.cli import main
-from handlers.policies.config import PRESET_DIR, PolicyError, load_policy, preset_names, with_ablations
-from handlers.policies.registry import config_class, known_policies
-from handlers.runs import RunSpec
-from store.eventstore import EventStore
+from grandrounds.handlers.policies.config import PRESET_DIR, PolicyError, load_policy, preset_names, with_ablations
+from grandrounds.handlers.policies.registry import config_class, known_policies
+from grandrounds.handlers.runs import RunSpec
+from grandrounds.store.eventstore import EventStore
 from tests.conftest import EXAMPLES
 
 

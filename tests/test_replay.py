@@ -9,9 +9,9 @@ import math
 from click.testing import CliRunner
 
 from grandrounds.cli import main
-from replay.permutations import order_from_seed, order_seed, permutations
+from grandrounds.replay.permutations import order_from_seed, order_seed, permutations
 from replay_fixtures import SOURCE_CASES, db_copy, recorded_db  # noqa: F401
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 
 def _replay(db, *args: str):
@@ -146,9 +146,9 @@ def test_a_worker_hands_back_its_events_and_the_vectors_it_had_to_embed(db_copy,
     # The worker function itself, in this process (the spawned path is exercised above).
     import duckdb
 
-    from replay.execute import _keep_vectors, _seed_file, _worker, run_jobs
-    from replay.order_replay import plan_replay
-    from store.embeddings import EmbeddingCache, shared_minilm
+    from grandrounds.replay.execute import _keep_vectors, _seed_file, _worker, run_jobs
+    from grandrounds.replay.order_replay import plan_replay
+    from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 
     seed = tmp_path / "seed.duckdb"
     with EventStore(db_copy) as target:
@@ -181,7 +181,7 @@ def test_a_worker_hands_back_its_events_and_the_vectors_it_had_to_embed(db_copy,
 
 def test_a_replay_interrupted_part_way_resumes_to_the_same_runs(db_copy):
     from grandrounds.app import run_cases
-    from replay.order_replay import plan_replay
+    from grandrounds.replay.order_replay import plan_replay
 
     whole = json.loads(_replay(db_copy, "--permutations", "2", "--seed", "4", "--tag", "whole").stdout)
     with EventStore(db_copy) as store:  # the same orders, stopped after 10 and 25 cases

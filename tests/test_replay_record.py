@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from conftest import EXAMPLES
 from fake_openai_server import FakeOpenAI
 from grandrounds.cli import main
-from handlers.cases import load_cases
-from handlers.policies.config import EvoMedAgentPolicy, NoMemoryPolicy
-from handlers.runs import RunSpec
+from grandrounds.handlers.cases import load_cases
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy, NoMemoryPolicy
+from grandrounds.handlers.runs import RunSpec
 from llm_helpers import MODEL, HashEmbedder, live_options, run
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 NO_ENDPOINT = {"OPENAI_BASE_URL": None, "OPENAI_API_KEY": None}
 

@@ -8,12 +8,12 @@ import pytest
 
 from conftest import EXAMPLES
 from fake_openai_server import FakeOpenAI
-from handlers.agent.guard import SUMMARY_HEADER, GuardConfig, HistoryTurn, render
-from handlers.agent.retrosum import due, summariser_messages
-from handlers.cases import load_cases
-from handlers.llm.record import RecordedExchanges
+from grandrounds.handlers.agent.guard import SUMMARY_HEADER, GuardConfig, HistoryTurn, render
+from grandrounds.handlers.agent.retrosum import due, summariser_messages
+from grandrounds.handlers.cases import load_cases
+from grandrounds.handlers.llm.record import RecordedExchanges
 from llm_helpers import live_options, openai_spec, run
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 TOOLS = {"ddx-lookup": 0.9}
 # Four broken turns keep the agent going; step 5 is final and answers by lexical overlap.
@@ -116,7 +116,7 @@ def test_a_failing_summariser_fails_the_case_with_its_trajectory(case):
 
 
 def test_summariser_input_is_untrimmed_while_the_actor_prompt_is_trimmed():
-    from handlers.cases import Case
+    from grandrounds.handlers.cases import Case
 
     view = Case(case_id="c", kind="mcq", question="q?", options={"A": "a", "B": "b"}, answer="A").view()
     history = [HistoryTurn(f"<reasoning>{i}</reasoning>", f"obs{i} " + "x" * 1000, f"t:{i}", True) for i in range(6)]

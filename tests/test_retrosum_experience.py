@@ -20,21 +20,21 @@ from fake_openai_server import FakeOpenAI
 from grandrounds.app import run_cases
 from grandrounds.cli import main
 from grandrounds.offline import seed_memory
-from handlers.cases import Case, load_cases
-from handlers.policies.base import SUMMARISER
-from handlers.policies.config import PRESET_DIR, NoMemoryPolicy, load_policy, with_ablations
-from handlers.policies.retrosum.config import RetroSumPolicy
-from handlers.policies.retrosum.lessons import SYSTEM as LESSON_SYSTEM, patient_context
-from handlers.policies.retrosum.policy import RetroSumMemory
-from handlers.runs import RunSpec
-from handlers.text import key_terms
+from grandrounds.handlers.cases import Case, load_cases
+from grandrounds.handlers.policies.base import SUMMARISER
+from grandrounds.handlers.policies.config import PRESET_DIR, NoMemoryPolicy, load_policy, with_ablations
+from grandrounds.handlers.policies.retrosum.config import RetroSumPolicy
+from grandrounds.handlers.policies.retrosum.lessons import SYSTEM as LESSON_SYSTEM, patient_context
+from grandrounds.handlers.policies.retrosum.policy import RetroSumMemory
+from grandrounds.handlers.runs import RunSpec
+from grandrounds.handlers.text import key_terms
 from llm_helpers import MODEL, HashEmbedder, live_options
-from store.embeddings import EmbeddingCache
-from store.event_types import RunStarted
-from store.eventstore import EventStore
-from store.experience_events import ExperienceStored, Lesson
-from store.experience_memory import ExperienceMemory
-from store.projection import MemoryProjection
+from grandrounds.store.embeddings import EmbeddingCache
+from grandrounds.store.event_types import RunStarted
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.experience_events import ExperienceStored, Lesson
+from grandrounds.store.experience_memory import ExperienceMemory
+from grandrounds.store.projection import MemoryProjection
 
 NONE_ACCURACY = 0.115385  # `--policy none` on the examples with sim
 OBSERVED_MARGIN = 0.5  # retrosum measured 0.653846 (51/78), i.e. +0.538 over none

@@ -16,22 +16,22 @@ from click.testing import CliRunner
 
 from conftest import EXAMPLES
 from grandrounds.cli import main
-from handlers.cases import Case, load_cases
-from handlers.policies.config import NoMemoryPolicy, load_policy, with_ablations
-from handlers.policies.selsm import judge as judge_mod
-from handlers.policies.selsm.config import SelsmPolicy
-from handlers.policies.selsm.entity_check import check_skill, find_entities
-from handlers.policies.selsm.judge import decisions_of, judge_prompt
-from handlers.policies.selsm.retrieval import candidate_records, state_only, two_stage
-from handlers.runs import RunSpec, open_run
-from handlers.text import key_terms
+from grandrounds.handlers.cases import Case, load_cases
+from grandrounds.handlers.policies.config import NoMemoryPolicy, load_policy, with_ablations
+from grandrounds.handlers.policies.selsm import judge as judge_mod
+from grandrounds.handlers.policies.selsm.config import SelsmPolicy
+from grandrounds.handlers.policies.selsm.entity_check import check_skill, find_entities
+from grandrounds.handlers.policies.selsm.judge import decisions_of, judge_prompt
+from grandrounds.handlers.policies.selsm.retrieval import candidate_records, state_only, two_stage
+from grandrounds.handlers.runs import RunSpec, open_run
+from grandrounds.handlers.text import key_terms
 from llm_helpers import HashEmbedder
-from store.embeddings import EmbeddingCache
-from store.event_types import AgentStep, AnswerGiven
-from store.eventstore import EventStore
-from store.selsm_events import LogicalSkill, RecordStored, StoredTransition
-from store.selsm_memory import SelsmMemory as SelsmPart
-from streams.embedded import EmbeddedRunner
+from grandrounds.store.embeddings import EmbeddingCache
+from grandrounds.store.event_types import AgentStep, AnswerGiven
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.selsm_events import LogicalSkill, RecordStored, StoredTransition
+from grandrounds.store.selsm_memory import SelsmMemory as SelsmPart
+from grandrounds.streams.embedded import EmbeddedRunner
 
 SELSM_WRITES = {"selsm.trajectory.judged", "selsm.skill.rejected", "selsm.record.stored"}
 
@@ -337,7 +337,7 @@ def test_the_example_stream_learns_above_the_memory_free_baseline(learned):
 
 def test_verify_re_executes_a_selsm_run_to_identical_bytes(cases, tmp_path, monkeypatch):
     monkeypatch.setattr("grandrounds.app.shared_minilm", HashEmbedder)
-    monkeypatch.setattr("replay.execute.cache_embedder", HashEmbedder)
+    monkeypatch.setattr("grandrounds.replay.execute.cache_embedder", HashEmbedder)
     short = tmp_path / "cases.jsonl"
     short.write_text("\n".join(EXAMPLES.read_text(encoding="utf-8").splitlines()[:30]) + "\n")
     db = str(tmp_path / "v.duckdb")
@@ -352,7 +352,7 @@ def test_verify_re_executes_a_selsm_run_to_identical_bytes(cases, tmp_path, monk
 
 def test_a_frozen_test_run_reads_the_train_records_and_writes_no_skill_events(tmp_path, monkeypatch):
     monkeypatch.setattr("grandrounds.app.shared_minilm", HashEmbedder)
-    monkeypatch.setattr("replay.execute.cache_embedder", HashEmbedder)
+    monkeypatch.setattr("grandrounds.replay.execute.cache_embedder", HashEmbedder)
     lines = EXAMPLES.read_text(encoding="utf-8").splitlines()
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
     train.write_text("\n".join(lines[:39]) + "\n")

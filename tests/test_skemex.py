@@ -13,21 +13,21 @@ import pytest
 
 from grandrounds.app import run_cases
 from grandrounds.offline import seed_memory
-from handlers.cases import Case
-from handlers.policies.config import load_policy
-from handlers.policies.skemex import buffer, governance, retrieval
-from handlers.policies.skemex.config import SkeMexPolicy
-from handlers.policies.skemex.utility import learning_rate
-from handlers.runs import RunSpec
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.policies.config import load_policy
+from grandrounds.handlers.policies.skemex import buffer, governance, retrieval
+from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
+from grandrounds.handlers.policies.skemex.utility import learning_rate
+from grandrounds.handlers.runs import RunSpec
 from llm_helpers import HashEmbedder
-from replay.audit_history import history
-from replay.verify import verify_run
-from store import skill_events as sk
-from store.embeddings import EmbeddingCache, shared_minilm
-from store.event_types import AgentStep, AnswerGiven
-from store.eventstore import EventStore
-from store.projection import rebuild
-from store.skill_memory import SkillMemory
+from grandrounds.replay.audit_history import history
+from grandrounds.replay.verify import verify_run
+from grandrounds.store import skill_events as sk
+from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+from grandrounds.store.event_types import AgentStep, AnswerGiven
+from grandrounds.store.eventstore import EventStore
+from grandrounds.store.projection import rebuild
+from grandrounds.store.skill_memory import SkillMemory
 
 from conftest import EXAMPLES
 
@@ -173,7 +173,7 @@ class _Repo:
         sid = self.mem.next_id(branch)
         body = sk.SkillBody(name=sid, description=f"when {sid}", applicable_conditions="c",
                             core_action=f"do {sid} carefully", trigger=[sid], required_tools=list(required))
-        from store.skill_memory import skill_key_text
+        from grandrounds.store.skill_memory import skill_key_text
 
         self.vecs[skill_key_text(body)] = vec
         self.apply(sk.SkillDrafted(skill_id=sid, branch=branch, category=category, tool=tool, body=body,
@@ -339,7 +339,7 @@ def test_the_window_distils_at_most_capacity_failures_first_and_feeds_every_traj
 def test_the_preset_file_equals_the_class_defaults():
     import tomllib
 
-    from handlers.policies.config import PRESET_DIR
+    from grandrounds.handlers.policies.config import PRESET_DIR
 
     data = tomllib.loads((PRESET_DIR / "skemex.toml").read_text(encoding="utf-8"))
     assert set(data) == set(SkeMexPolicy().model_dump(mode="json"))  # every parameter spelled out
@@ -350,7 +350,7 @@ def test_the_preset_file_equals_the_class_defaults():
 
 @pytest.fixture(scope="module")
 def example_db(tmp_path_factory):
-    from handlers.cases import load_cases
+    from grandrounds.handlers.cases import load_cases
 
     path = tmp_path_factory.mktemp("skemex") / "ex.duckdb"
     cases = load_cases(EXAMPLES)[0]
@@ -373,7 +373,7 @@ def test_the_example_run_learns_and_verify_re_executes_it_identically(example_db
 
 
 def test_offline_mode_trains_on_half_then_answers_the_other_half_from_a_frozen_repository():
-    from handlers.cases import load_cases
+    from grandrounds.handlers.cases import load_cases
 
     cases = load_cases(EXAMPLES)[0]
     train, test = cases[::2], cases[1::2]

@@ -10,12 +10,12 @@ import pytest
 
 from conftest import EXAMPLES
 from fake_openai_server import FakeOpenAI
-from handlers.cases import load_cases
-from handlers.policies.config import EvoMedAgentPolicy
-from handlers.runs import RunSpec
+from grandrounds.handlers.cases import load_cases
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy
+from grandrounds.handlers.runs import RunSpec
 from llm_helpers import live_options, openai_spec, run
-from replay.task_metrics import qab, task_metrics, task_records
-from store.eventstore import EventStore
+from grandrounds.replay.task_metrics import qab, task_metrics, task_records
+from grandrounds.store.eventstore import EventStore
 
 
 @dataclass(frozen=True)

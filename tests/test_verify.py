@@ -7,11 +7,11 @@ import json
 import duckdb
 from click.testing import CliRunner
 
-from handlers.policies import evo_medagent as retrieve  # the module that rounds retrieval scores
+from grandrounds.handlers.policies import evo_medagent as retrieve  # the module that rounds retrieval scores
 from grandrounds.cli import main
-from replay.verify import compare_logs, first_difference
+from grandrounds.replay.verify import compare_logs, first_difference
 from replay_fixtures import db_copy, recorded_db  # noqa: F401
-from store.eventstore import EventStore
+from grandrounds.store.eventstore import EventStore
 
 
 def _verify(db, run_id: str):

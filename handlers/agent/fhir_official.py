@@ -17,11 +17,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from handlers.cases import FhirCaseView
-from handlers.environments.medagentbench import FhirTools
-from handlers.llm.errors import LLMUnavailable
-from handlers.llm.gateway import LLMGateway
-from handlers.llm.recorder import Recorder
+from grandrounds.handlers.cases import FhirCaseView
+from grandrounds.handlers.environments.medagentbench import FhirTools
+from grandrounds.handlers.llm.errors import LLMUnavailable
+from grandrounds.handlers.llm.gateway import LLMGateway
+from grandrounds.handlers.llm.recorder import Recorder
 
 OFFICIAL_PROMPT = """You are an expert in using FHIR functions to assist medical professionals. You are given a question and a set of possible functions. Based on the question, you will need to make one or more function/tool calls to achieve the purpose.
 

@@ -15,17 +15,17 @@ import json
 import re
 from datetime import datetime
 
-from handlers.agent.guard import FINAL_NOTICE, HistoryTurn, render
-from handlers.agent.protocol import _TAG, Turn
-from handlers.agent.react import AgentConfig, step_guidance
-from handlers.backbones.base import CaseFailure
-from handlers.cases import FhirCaseView
-from handlers.environments.medagentbench import NOW, TASK8_COMMENT, FhirTools, calculate_age, finish_payload
-from handlers.llm.errors import LLMUnavailable
-from handlers.llm.gateway import LLMGateway
-from handlers.llm.recorder import Recorder
-from handlers.policies.base import StepMemory, agent_state
-from store.event_types import AgentStep, AnswerGiven
+from grandrounds.handlers.agent.guard import FINAL_NOTICE, HistoryTurn, render
+from grandrounds.handlers.agent.protocol import _TAG, Turn
+from grandrounds.handlers.agent.react import AgentConfig, step_guidance
+from grandrounds.handlers.backbones.base import CaseFailure
+from grandrounds.handlers.cases import FhirCaseView
+from grandrounds.handlers.environments.medagentbench import NOW, TASK8_COMMENT, FhirTools, calculate_age, finish_payload
+from grandrounds.handlers.llm.errors import LLMUnavailable
+from grandrounds.handlers.llm.gateway import LLMGateway
+from grandrounds.handlers.llm.recorder import Recorder
+from grandrounds.handlers.policies.base import StepMemory, agent_state
+from grandrounds.store.event_types import AgentStep, AnswerGiven
 
 FHIR_SYSTEM = """You are an expert in using FHIR functions to assist medical professionals.
 Every turn: first <reasoning>...</reasoning>, then exactly ONE action:
@@ -52,7 +52,7 @@ def functions_block(tools: FhirTools) -> str:
 def fhir_memory_block(prefix: str) -> str:
     """A policy's rendered memory without the MCQ base protocol it opens with (it asks for an option
     letter; the FHIR system prompt is the protocol here). Empty when nothing else is in memory."""
-    from handlers.policies.render import BASE_PROTOCOL
+    from grandrounds.handlers.policies.render import BASE_PROTOCOL
 
     head = f"## Protocol\n{BASE_PROTOCOL}"
     if prefix.startswith(head):

@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from handlers.environments.agentclinic_osce import MeasurementTool, OsceView
-from handlers.llm.errors import LLMUnavailable
-from handlers.text import content_tokens, trigger_overlap
+from grandrounds.handlers.environments.agentclinic_osce import MeasurementTool, OsceView
+from grandrounds.handlers.llm.errors import LLMUnavailable
+from grandrounds.handlers.text import content_tokens, trigger_overlap
 
 DIAGNOSIS_READY = re.compile(r"DIAGNOSIS READY\s*:\s*(.*)", re.IGNORECASE)
 REQUEST_TEST = re.compile(r"REQUEST TEST\s*:\s*(.*)", re.IGNORECASE)

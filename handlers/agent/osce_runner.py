@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from handlers.agent.osce_dialogue import DialogueResult, LLMDoctor, SimDoctor, run_osce_dialogue
-from handlers.environments.agentclinic_osce import LLMPatient, MeasurementTool, OsceCase, RulePatient
-from handlers.environments.osce_grading import Judgement, judge
-from handlers.llm.runlog import RunLog
-from replay.task_metrics import TaskRecord, er, osr, sr, tc, tokens_per_correct
+from grandrounds.handlers.agent.osce_dialogue import DialogueResult, LLMDoctor, SimDoctor, run_osce_dialogue
+from grandrounds.handlers.environments.agentclinic_osce import LLMPatient, MeasurementTool, OsceCase, RulePatient
+from grandrounds.handlers.environments.osce_grading import Judgement, judge
+from grandrounds.handlers.llm.runlog import RunLog
+from grandrounds.replay.task_metrics import TaskRecord, er, osr, sr, tc, tokens_per_correct
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from handlers.agent.guard import GuardConfig, HistoryTurn, render
-from handlers.agent.protocol import fallback_answer, parse_turn
-from handlers.agent.retrosum import due, summarise
-from handlers.backbones.base import CaseFailure
-from handlers.cases import CaseView
-from handlers.llm.errors import LLMUnavailable
-from handlers.llm.gateway import LLMGateway
-from handlers.llm.recorder import Recorder
-from handlers.tools import ToolBox
-from handlers.policies.base import SUMMARISER, StepMemory, agent_state
-from store.event_types import AgentStep, AnswerGiven, MemoryItem, MemoryRetrieved, ToolCall
+from grandrounds.handlers.agent.guard import GuardConfig, HistoryTurn, render
+from grandrounds.handlers.agent.protocol import fallback_answer, parse_turn
+from grandrounds.handlers.agent.retrosum import due, summarise
+from grandrounds.handlers.backbones.base import CaseFailure
+from grandrounds.handlers.cases import CaseView
+from grandrounds.handlers.llm.errors import LLMUnavailable
+from grandrounds.handlers.llm.gateway import LLMGateway
+from grandrounds.handlers.llm.recorder import Recorder
+from grandrounds.handlers.tools import ToolBox
+from grandrounds.handlers.policies.base import SUMMARISER, StepMemory, agent_state
+from grandrounds.store.event_types import AgentStep, AnswerGiven, MemoryItem, MemoryRetrieved, ToolCall
 
 
 SYSTEM = """You are a clinical reasoning agent answering a multiple-choice case.

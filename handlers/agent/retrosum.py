@@ -16,10 +16,10 @@ summariser lessons retrieved for the case are shown here, under their own headin
 
 from __future__ import annotations
 
-from handlers.agent.guard import HistoryTurn
-from handlers.cases import CaseView
-from handlers.llm.gateway import LLMGateway, Reply
-from handlers.llm.recorder import Recorder
+from grandrounds.handlers.agent.guard import HistoryTurn
+from grandrounds.handlers.cases import CaseView
+from grandrounds.handlers.llm.gateway import LLMGateway, Reply
+from grandrounds.handlers.llm.recorder import Recorder
 
 SUMMARISE_SYSTEM = """You are the retrospective summariser of a clinical reasoning agent.
 Re-read the agent's WHOLE history below, the earliest steps as carefully as the latest, and write a new

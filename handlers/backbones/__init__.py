@@ -17,11 +17,11 @@ def make_backbone(name: str, model: str | None = None, **options):
     model), live_fallthrough (bool).
     The sim backbone takes none and ignores them."""
     if name == "sim":
-        from handlers.backbones.sim import SimBackbone
+        from grandrounds.handlers.backbones.sim import SimBackbone
 
         return SimBackbone()
     if name in ("openai", "record"):
-        from handlers.backbones.build import build_model_backbone
+        from grandrounds.handlers.backbones.build import build_model_backbone
 
         return build_model_backbone(name, model, **options)
     raise BackboneUnavailable(f"unknown backbone {name!r} (available: {', '.join(BACKBONES)})")

@@ -6,10 +6,10 @@ from typing import Protocol
 
 import numpy as np
 
-from handlers.cases import Case, CaseView
-from handlers.llm.recorder import Recorder  # noqa: F401  (part of the protocol: see Backbone)
-from handlers.tools import ToolBox
-from store.event_types import AgentStep, AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
+from grandrounds.handlers.cases import Case, CaseView
+from grandrounds.handlers.llm.recorder import Recorder  # noqa: F401  (part of the protocol: see Backbone)
+from grandrounds.handlers.tools import ToolBox
+from grandrounds.store.event_types import AgentStep, AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
 
 
 class CaseFailure(Exception):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from handlers.agent.react import AgentConfig
-from handlers.backbones import BackboneUnavailable
-from handlers.backbones.openai_backbone import OpenAIBackbone
-from handlers.llm.gateway import LLMGateway, RetryPolicy
-from handlers.llm.record import RecordedExchanges, RecordedTransport
-from handlers.llm.transport import OpenAITransport
+from grandrounds.handlers.agent.react import AgentConfig
+from grandrounds.handlers.backbones import BackboneUnavailable
+from grandrounds.handlers.backbones.openai_backbone import OpenAIBackbone
+from grandrounds.handlers.llm.gateway import LLMGateway, RetryPolicy
+from grandrounds.handlers.llm.record import RecordedExchanges, RecordedTransport
+from grandrounds.handlers.llm.transport import OpenAITransport
 
 OPENAI_NOTE = "openai backbone: model {model} at {where}"
 RECORD_NOTE = "record backend: model {model}'s exchanges served from run {run}{live} — no live model calls"

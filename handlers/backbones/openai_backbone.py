@@ -11,15 +11,15 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.agent.react import AgentConfig, run_mcq_agent
-from handlers.backbones.base import CaseFailure
-from handlers.cases import Case, CaseView, FhirCase, FhirCaseView
-from handlers.llm.errors import LLMUnavailable, StructuredOutputError
-from handlers.llm.gateway import LLMGateway
-from handlers.llm.recorder import Recorder
-from handlers.llm.structured import Mode, structured
-from handlers.tools import ToolBox
-from store.event_types import AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded, RuleEditProposal
+from grandrounds.handlers.agent.react import AgentConfig, run_mcq_agent
+from grandrounds.handlers.backbones.base import CaseFailure
+from grandrounds.handlers.cases import Case, CaseView, FhirCase, FhirCaseView
+from grandrounds.handlers.llm.errors import LLMUnavailable, StructuredOutputError
+from grandrounds.handlers.llm.gateway import LLMGateway
+from grandrounds.handlers.llm.recorder import Recorder
+from grandrounds.handlers.llm.structured import Mode, structured
+from grandrounds.handlers.tools import ToolBox
+from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded, RuleEditProposal
 
 
 class EditDraft(BaseModel):
@@ -75,7 +75,7 @@ MRN, names, dates or values."""
 
 def fhir_reflection_prompt(case: FhirCase, memory: MemoryRetrieved, answer: AnswerGiven,
                            fb: FeedbackRecorded) -> str:
-    from handlers.environments.medagentbench import REFERENCE_PATTERNS
+    from grandrounds.handlers.environments.medagentbench import REFERENCE_PATTERNS
 
     rules = "\n".join(f"- {r.rule_id} [P{r.priority}] {r.text}" for r in memory.rules) or "(none)"
     trace = "\n".join(f"{s.kind}: {s.content[:1500]}" for s in answer.steps)
@@ -112,7 +112,7 @@ class OpenAIBackbone:
                        recorder: Recorder | None = None, step_memory=None) -> AnswerGiven:
         """A FHIR task through the environment's tools (`FhirTools`): the FHIR ReAct loop, with the
         run's memory in the task prompt's memory block (and per-step guidance when the policy has it)."""
-        from handlers.agent.fhir_react import fhir_memory_block, run_fhir_agent
+        from grandrounds.handlers.agent.fhir_react import fhir_memory_block, run_fhir_agent
 
         if recorder is None:
             raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
@@ -123,7 +123,7 @@ class OpenAIBackbone:
                        patient_recorder: Recorder | None = None, step_memory=None) -> AnswerGiven:
         """An AgentClinic OSCE case (`OsceTools`): the model doctor (each turn recorded, stage `act`), the
         run's memory as its memory block, against the model-played patient (stage `patient`)."""
-        from handlers.environments.osce_env import run_osce_act
+        from grandrounds.handlers.environments.osce_env import run_osce_act
 
         if recorder is None or patient_recorder is None:
             raise ValueError("the openai backbone records every exchange: the stage must pass recorders")
@@ -134,7 +134,7 @@ class OpenAIBackbone:
         if recorder is None:
             raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
         if getattr(case, "kind", None) == "osce":
-            from handlers.environments.osce_env import OSCE_REFLECT_SYSTEM, osce_reflection_prompt
+            from grandrounds.handlers.environments.osce_env import OSCE_REFLECT_SYSTEM, osce_reflection_prompt
 
             messages = [{"role": "system", "content": OSCE_REFLECT_SYSTEM},
                         {"role": "user", "content": osce_reflection_prompt(case, memory, answer, feedback)}]

@@ -19,11 +19,11 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from handlers.cases import Case, CaseView, FhirCase, FhirCaseView
-from handlers.policies.base import agent_state
-from handlers.text import content_tokens, key_terms, trigger_overlap
-from handlers.tools import ToolBox
-from store.event_types import (AgentStep, AnswerGiven, FeedbackRecorded, MemoryRetrieved,
+from grandrounds.handlers.cases import Case, CaseView, FhirCase, FhirCaseView
+from grandrounds.handlers.policies.base import agent_state
+from grandrounds.handlers.text import content_tokens, key_terms, trigger_overlap
+from grandrounds.handlers.tools import ToolBox
+from grandrounds.store.event_types import (AgentStep, AnswerGiven, FeedbackRecorded, MemoryRetrieved,
                                ReflectionRecorded, RuleEditProposal, ToolCall)
 
 SIM_NOTE = "sim backbone: offline simulator for tests and demos; its accuracy is not a clinical measure"
@@ -124,14 +124,14 @@ class SimBackbone:
     async def act_fhir(self, view: FhirCaseView, memory: MemoryRetrieved, tools, step_memory=None) -> AnswerGiven:
         """A FHIR task through the environment's tools (`FhirTools`): the scripted template agent
         (per-step retrieval, SELSM's, is called and recorded; the script does not follow it)."""
-        from handlers.agent.fhir_react import sim_fhir_agent
+        from grandrounds.handlers.agent.fhir_react import sim_fhir_agent
 
         return sim_fhir_agent(view, tools, step_memory)
 
     async def act_osce(self, view, memory: MemoryRetrieved, tools, step_memory=None) -> AnswerGiven:
         """An AgentClinic OSCE case through the environment's patient and measurement tool (`OsceTools`):
         the sim doctor, following a memory rule whose trigger matches what it heard."""
-        from handlers.environments.osce_env import run_osce_act
+        from grandrounds.handlers.environments.osce_env import run_osce_act
 
         return await run_osce_act(view, memory, tools)
 
@@ -140,7 +140,7 @@ class SimBackbone:
         if isinstance(case, FhirCase):
             return fhir_reflection(case, memory, answer, feedback)
         if getattr(case, "kind", None) == "osce":
-            from handlers.environments.osce_env import osce_reflection
+            from grandrounds.handlers.environments.osce_env import osce_reflection
 
             return osce_reflection(case, memory, answer, feedback, rule_text)
         gold_text = case.options[case.answer]
@@ -189,7 +189,7 @@ def fhir_reflection(case: FhirCase, memory: MemoryRetrieved, answer: AnswerGiven
     """After grading: a rule linking the task template's key terms to the action pattern the official
     grader checks (`REFERENCE_PATTERNS`, the gold side, visible now). A rule that was followed and
     misled is rewritten; otherwise the rule is proposed (evo turns a near-duplicate into an escalation)."""
-    from handlers.environments.medagentbench import REFERENCE_PATTERNS, template_terms
+    from grandrounds.handlers.environments.medagentbench import REFERENCE_PATTERNS, template_terms
 
     terms = template_terms(case.instruction)
     verdict = "correct" if feedback.correct else "wrong"

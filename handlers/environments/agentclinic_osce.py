@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from handlers.cases import CaseFileError
-from handlers.text import content_tokens
+from grandrounds.handlers.cases import CaseFileError
+from grandrounds.handlers.text import content_tokens
 
 NEJM_OBJECTIVE = "What is the most likely diagnosis?"
 """AgentClinic's examiner information for NEJM cases."""

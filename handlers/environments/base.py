@@ -18,8 +18,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from store.canonical import content_hash
-from store.event_types import AgentStep, AnswerGiven
+from grandrounds.store.canonical import content_hash
+from grandrounds.store.event_types import AgentStep, AnswerGiven
 
 META_KEY = "environment"
 """Key of the environment record in the `run.started` meta."""

@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from store.canonical import content_hash
+from grandrounds.store.canonical import content_hash
 
 SEARCHABLE = ("Observation", "Condition", "MedicationRequest", "Procedure", "ServiceRequest")
 POSTABLE = ("Observation", "MedicationRequest", "ServiceRequest")

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from handlers.cases import Case
+from grandrounds.handlers.cases import Case
 
 FORMATS = ("chestagentbench", "agentclinic-nejm")
 _OPTION = re.compile(r"^\s*([A-Z])[).]\s+(.+?)\s*$")

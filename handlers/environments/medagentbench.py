@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable
 
-from handlers.cases import FhirCase
+from grandrounds.handlers.cases import FhirCase
 
 NOW = "2023-11-13T10:15:00+00:00"
 OFFLINE_TASK_TYPES = (1, 2, 3, 8)
@@ -540,7 +540,7 @@ _MID_SENTENCE_NAME = re.compile(r"(?<=[a-z] )[A-Z][a-z]+\b")
 def template_terms(instruction: str, limit: int = 8) -> list[str]:
     """The key terms of a task's template, without its instance: quoted values, proper names in mid
     sentence and tokens with digits (MRNs, dates) are dropped, so tasks of one template share them."""
-    from handlers.text import STOPWORDS, tokens
+    from grandrounds.handlers.text import STOPWORDS, tokens
 
     out: list[str] = []
     for t in tokens(_MID_SENTENCE_NAME.sub(" ", _QUOTED.sub(" ", instruction))):

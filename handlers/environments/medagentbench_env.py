@@ -18,12 +18,12 @@ import json
 from contextlib import contextmanager
 from typing import Iterator
 
-from handlers.cases import FhirCase
-from handlers.environments.base import EnvironmentRecord
-from handlers.environments.fhir_sandbox import FhirSandbox
-from handlers.environments.medagentbench import (FhirCall, FhirFunction, FhirTools, FhirTrajectory, NeedsFullServer,
+from grandrounds.handlers.cases import FhirCase
+from grandrounds.handlers.environments.base import EnvironmentRecord
+from grandrounds.handlers.environments.fhir_sandbox import FhirSandbox
+from grandrounds.handlers.environments.medagentbench import (FhirCall, FhirFunction, FhirTools, FhirTrajectory, NeedsFullServer,
                                                  grade, load_functions, needs_full_server)
-from store.event_types import AgentStep, AnswerGiven
+from grandrounds.store.event_types import AgentStep, AnswerGiven
 
 OFFICIAL_BASE = "http://localhost:8080/fhir/"
 """The official harness's default api_base: the base the agent sees when the sandbox serves."""

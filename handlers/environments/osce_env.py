@@ -17,11 +17,11 @@ from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.environments.agentclinic_osce import (LLMPatient, MeasurementTool, OsceCase, RulePatient,
+from grandrounds.handlers.environments.agentclinic_osce import (LLMPatient, MeasurementTool, OsceCase, RulePatient,
                                                     diagnosis_vocabulary, load_osce_cases)
-from handlers.environments.base import META_KEY, FileRef
-from store.canonical import content_hash
-from store.event_types import AgentStep, AnswerGiven
+from grandrounds.handlers.environments.base import META_KEY, FileRef
+from grandrounds.store.canonical import content_hash
+from grandrounds.store.event_types import AgentStep, AnswerGiven
 
 
 class OsceEnvironmentRecord(BaseModel):
@@ -133,8 +133,8 @@ async def run_osce_act(view, memory, tools: OsceTools, gateway=None, recorder=No
     """The doctor dialogue of one case: the sim doctor (gateway None) or the model doctor, the run's
     memory as its memory block. No diagnosis (turn budget spent, a model unreachable) is a
     `CaseFailure` with the dialogue so far: the case counts as incorrect and writes no memory."""
-    from handlers.agent.osce_dialogue import LLMDoctor, SimDoctor, run_osce_dialogue
-    from handlers.backbones.base import CaseFailure
+    from grandrounds.handlers.agent.osce_dialogue import LLMDoctor, SimDoctor, run_osce_dialogue
+    from grandrounds.handlers.backbones.base import CaseFailure
 
     if gateway is None:
         doctor = SimDoctor(tools.differential, tools.test_menu, memory.prefix, follow_overlap=SIM_FOLLOW_OVERLAP)
@@ -153,9 +153,9 @@ async def run_osce_act(view, memory, tools: OsceTools, gateway=None, recorder=No
 async def judge_answer(ctx, case: OsceCase, answer: AnswerGiven):
     """The grader's `Judgement`: the LLM judge through the run's model (recorded, stage `judge`) when
     the backbone has one, else (sim) the normalised string match."""
-    from handlers.backbones.base import records_exchanges
-    from handlers.environments.osce_grading import judge
-    from handlers.llm.recorder import stage_recorder
+    from grandrounds.handlers.backbones.base import records_exchanges
+    from grandrounds.handlers.environments.osce_grading import judge
+    from grandrounds.handlers.llm.recorder import stage_recorder
 
     gateway = getattr(ctx.backbone, "gateway", None) if records_exchanges(ctx.backbone) else None
     recorder = stage_recorder(ctx.writer, case.case_id, "judge") if gateway is not None else None
@@ -175,7 +175,7 @@ BOILERPLATE = frozenset({"assess", "diagnose", "diagnosis", "evaluate", "patient
 def osce_terms(case: OsceCase, answer: AnswerGiven, limit: int = 8) -> list[str]:
     """The case's key findings, as the doctor heard them: distinctive words of the objective and the
     patient's answers (not test values), in order of appearance."""
-    from handlers.text import key_terms
+    from grandrounds.handlers.text import key_terms
 
     heard = [s.content.removeprefix("Patient: ") for s in answer.steps
              if s.kind == "observation" and s.content.startswith("Patient: ")]
@@ -213,7 +213,7 @@ def osce_reflection(case: OsceCase, memory, answer: AnswerGiven, fb, rule_text):
     """The sim backbone's reflection: a rule linking the case's key findings to the correct diagnosis.
     A followed rule that misled is rewritten; otherwise the rule is proposed (evo turns a
     near-duplicate into an escalation)."""
-    from store.event_types import ReflectionRecorded, RuleEditProposal
+    from grandrounds.store.event_types import ReflectionRecorded, RuleEditProposal
 
     terms = osce_terms(case, answer)
     verdict = "correct" if fb.correct else "wrong"

@@ -16,8 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.llm.errors import LLMUnavailable, StructuredOutputError
-from handlers.llm.structured import Mode, structured
+from grandrounds.handlers.llm.errors import LLMUnavailable, StructuredOutputError
+from grandrounds.handlers.llm.structured import Mode, structured
 
 _ARTICLES = frozenset({"a", "an", "the"})
 _PAREN = re.compile(r"\(([^)]*)\)")

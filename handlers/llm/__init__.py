@@ -1,7 +1,7 @@
 """The LLM gateway: every model call goes through `LLMGateway`, which records each attempt."""
 
-from handlers.llm.errors import GatewayError, LLMUnavailable, ReplayDivergence, StructuredOutputError
-from handlers.llm.gateway import LLMGateway, Reply, RetryPolicy
+from grandrounds.handlers.llm.errors import GatewayError, LLMUnavailable, ReplayDivergence, StructuredOutputError
+from grandrounds.handlers.llm.gateway import LLMGateway, Reply, RetryPolicy
 
 __all__ = ["GatewayError", "LLMGateway", "LLMUnavailable", "Reply", "ReplayDivergence", "RetryPolicy",
            "StructuredOutputError"]

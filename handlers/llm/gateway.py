@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlers.llm.errors import LLMUnavailable
-from handlers.llm.recorder import Recorder
-from handlers.llm.transport import Call, RawReply, Transport, TransportFailure
-from store.canonical import content_hash
-from store.llm_events import LLMExchange, LLMMessage, TokenUsage
+from grandrounds.handlers.llm.errors import LLMUnavailable
+from grandrounds.handlers.llm.recorder import Recorder
+from grandrounds.handlers.llm.transport import Call, RawReply, Transport, TransportFailure
+from grandrounds.store.canonical import content_hash
+from grandrounds.store.llm_events import LLMExchange, LLMMessage, TokenUsage
 
 
 @dataclass(frozen=True)

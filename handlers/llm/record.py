@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-from handlers.llm.errors import ReplayDivergence
-from handlers.llm.transport import Call, RawReply, Transport, TransportFailure
-from store.llm_events import LLMExchange
+from grandrounds.handlers.llm.errors import ReplayDivergence
+from grandrounds.handlers.llm.transport import Call, RawReply, Transport, TransportFailure
+from grandrounds.store.llm_events import LLMExchange
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from store.events import EventPayload
+from grandrounds.store.events import EventPayload
 
 Emit = Callable[[EventPayload, dict[str, Any]], int]
 

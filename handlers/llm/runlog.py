@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from handlers.llm.recorder import Recorder
-from store.events import EventPayload, NewEvent
-from store.llm_events import LLMExchange
+from grandrounds.handlers.llm.recorder import Recorder
+from grandrounds.store.events import EventPayload, NewEvent
+from grandrounds.store.llm_events import LLMExchange
 
 
 class RunLog:

@@ -14,9 +14,9 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from handlers.llm.errors import LLMUnavailable, StructuredOutputError
-from handlers.llm.gateway import LLMGateway
-from handlers.llm.recorder import Recorder
+from grandrounds.handlers.llm.errors import LLMUnavailable, StructuredOutputError
+from grandrounds.handlers.llm.gateway import LLMGateway
+from grandrounds.handlers.llm.recorder import Recorder
 
 M = TypeVar("M", bound=BaseModel)
 Mode = Literal["auto", "schema", "prompt"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from store.llm_events import TokenUsage
+from grandrounds.store.llm_events import TokenUsage
 
 
 @dataclass(frozen=True)

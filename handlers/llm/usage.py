@@ -5,8 +5,8 @@ Latency comes from event meta (wall clock): reported, never folded into state.
 
 from __future__ import annotations
 
-from store.event_types import CaseReceived
-from store.llm_events import CaseFailed, LLMExchange
+from grandrounds.store.event_types import CaseReceived
+from grandrounds.store.llm_events import CaseFailed, LLMExchange
 
 
 def llm_usage(store, run_id: str) -> dict:

@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Callable, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from handlers.backbones.base import CaseFailure, records_exchanges
-from handlers.llm.recorder import stage_recorder
-from handlers.policies.render import render_prefix
-from store.event_types import (AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved, ReflectionRecorded,
+from grandrounds.handlers.backbones.base import CaseFailure, records_exchanges
+from grandrounds.handlers.llm.recorder import stage_recorder
+from grandrounds.handlers.policies.render import render_prefix
+from grandrounds.store.event_types import (AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved, ReflectionRecorded,
                                RuleOutcome, ToolOutcome)
-from store.llm_events import CaseFailed
+from grandrounds.store.llm_events import CaseFailed
 
 if TYPE_CHECKING:
-    from handlers.cases import Case, CaseView
-    from handlers.context import RunContext
+    from grandrounds.handlers.cases import Case, CaseView
+    from grandrounds.handlers.context import RunContext
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -115,7 +115,7 @@ def preset_names() -> list[str]:
 
 
 def policy_from_dict(data: dict, source: str = "policy") -> PolicyBase:
-    from handlers.policies.registry import config_class, known_policies
+    from grandrounds.handlers.policies.registry import config_class, known_policies
 
     name = data.get("name")
     if not isinstance(name, str):

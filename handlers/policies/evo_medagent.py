@@ -12,19 +12,19 @@ import math
 
 import numpy as np
 
-from handlers.backbones.base import CaseFailure, records_exchanges
-from handlers.cases import Case
-from handlers.llm.recorder import stage_recorder
-from handlers.policies.base import MemoryPolicy
-from handlers.policies.config import EvoMedAgentPolicy
-from handlers.policies.render import BASE_PROTOCOL, render_prefix  # noqa: F401  (re-exported)
-from store.event_types import (AnswerGiven, EpisodeStored, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded,
+from grandrounds.handlers.backbones.base import CaseFailure, records_exchanges
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.llm.recorder import stage_recorder
+from grandrounds.handlers.policies.base import MemoryPolicy
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy
+from grandrounds.handlers.policies.render import BASE_PROTOCOL, render_prefix  # noqa: F401  (re-exported)
+from grandrounds.store.event_types import (AnswerGiven, EpisodeStored, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded,
                                RetrievedEpisode, RetrievedRule, RuleAdded, RuleEdited, RuleEditProposal,
                                RuleOutcome, RulePriorityChanged, RuleRetired, ToolCall, ToolGuidance,
                                ToolLabelChanged, ToolOutcome)
-from store.llm_events import CaseFailed
-from store.memory_state import Rule, ToolRecord
-from store.projection import MemoryProjection
+from grandrounds.store.llm_events import CaseFailed
+from grandrounds.store.memory_state import Rule, ToolRecord
+from grandrounds.store.projection import MemoryProjection
 
 
 def rule_utility(rule: Rule, total_feedback: int, cfg: EvoMedAgentPolicy) -> float:
@@ -227,6 +227,6 @@ def _trigger_of(result: ReflectionRecorded, case: Case) -> list[str]:
     added = next((e.trigger for e in result.edits if e.trigger), None)
     if added is not None:
         return list(added)
-    from handlers.text import key_terms
+    from grandrounds.handlers.text import key_terms
 
     return key_terms(case.question)

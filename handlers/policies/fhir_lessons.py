@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from urllib.parse import parse_qsl, urlsplit
 
-from store.event_types import AgentStep
+from grandrounds.store.event_types import AgentStep
 
 ELIDED = "…"
 """Stands for a parameter's value: the pattern names the parameter, never this task's value."""
@@ -22,7 +22,7 @@ ELIDED = "…"
 
 def fhir_terms(instruction: str) -> list[str]:
     """The task template's key terms (key_terms-style, without the instance's values)."""
-    from handlers.environments.medagentbench import template_terms
+    from grandrounds.handlers.environments.medagentbench import template_terms
 
     return template_terms(instruction)
 

@@ -12,12 +12,12 @@ from typing import Any
 
 _POLICIES: dict[str, tuple[str, str]] = {
     # name: (config class, mechanism class)
-    "evo-medagent": ("handlers.policies.config:EvoMedAgentPolicy", "handlers.policies.evo_medagent:EvoMedAgentMemory"),
-    "none": ("handlers.policies.config:NoMemoryPolicy", "handlers.policies.base:NoMemory"),
-    "skemex": ("handlers.policies.skemex.config:SkeMexPolicy", "handlers.policies.skemex.policy:SkeMexMemory"),
-    "selsm": ("handlers.policies.selsm.config:SelsmPolicy", "handlers.policies.selsm.policy:SelsmMemory"),
-    "retrosum": ("handlers.policies.retrosum.config:RetroSumPolicy",
-                 "handlers.policies.retrosum.policy:RetroSumMemory"),
+    "evo-medagent": ("grandrounds.handlers.policies.config:EvoMedAgentPolicy", "grandrounds.handlers.policies.evo_medagent:EvoMedAgentMemory"),
+    "none": ("grandrounds.handlers.policies.config:NoMemoryPolicy", "grandrounds.handlers.policies.base:NoMemory"),
+    "skemex": ("grandrounds.handlers.policies.skemex.config:SkeMexPolicy", "grandrounds.handlers.policies.skemex.policy:SkeMexMemory"),
+    "selsm": ("grandrounds.handlers.policies.selsm.config:SelsmPolicy", "grandrounds.handlers.policies.selsm.policy:SelsmMemory"),
+    "retrosum": ("grandrounds.handlers.policies.retrosum.config:RetroSumPolicy",
+                 "grandrounds.handlers.policies.retrosum.policy:RetroSumMemory"),
 }
 
 

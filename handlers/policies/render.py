@@ -7,7 +7,7 @@ place memory becomes prompt text: the trajectory records item ids, not this bloc
 
 from __future__ import annotations
 
-from store.event_types import MemoryItem, RetrievedEpisode, RetrievedRule, ToolGuidance
+from grandrounds.store.event_types import MemoryItem, RetrievedEpisode, RetrievedRule, ToolGuidance
 
 BASE_PROTOCOL = (
     "You are a clinical reasoning agent. Read the case, weigh the evidence, use tools only "

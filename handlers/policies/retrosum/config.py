@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from handlers.policies.config import PolicyBase
+from grandrounds.handlers.policies.config import PolicyBase
 
 
 class RetroSumPolicy(PolicyBase):

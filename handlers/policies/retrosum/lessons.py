@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.cases import Case, FhirCase
-from handlers.policies.base import ModelTask
-from handlers.policies.fhir_lessons import fhir_terms, procedure, task_label, verdict_line
-from handlers.text import key_terms
-from store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem
+from grandrounds.handlers.cases import Case, FhirCase
+from grandrounds.handlers.policies.base import ModelTask
+from grandrounds.handlers.policies.fhir_lessons import fhir_terms, procedure, task_label, verdict_line
+from grandrounds.handlers.text import key_terms
+from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem
 
 PURPOSE = "experience-lessons"
 

@@ -13,17 +13,17 @@ loop's: handlers/agent/protocol.py aligns a tag-less final answer to an option.
 
 from __future__ import annotations
 
-from handlers.cases import Case
-from handlers.policies.base import SUMMARISER, MemoryPolicy, ask_or_fail
-from handlers.policies.fhir_lessons import fhir_terms
-from handlers.policies.render import render_items
-from handlers.policies.retrosum.config import RetroSumPolicy
-from handlers.policies.retrosum.lessons import ExperienceDraft, LessonDraft, lesson_task, patient_context
-from handlers.text import key_terms
-from store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved
-from store.experience_events import ExperienceStored, Lesson
-from store.experience_memory import Experience, ExperienceMemory
-from store.llm_events import CaseFailed
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.policies.base import SUMMARISER, MemoryPolicy, ask_or_fail
+from grandrounds.handlers.policies.fhir_lessons import fhir_terms
+from grandrounds.handlers.policies.render import render_items
+from grandrounds.handlers.policies.retrosum.config import RetroSumPolicy
+from grandrounds.handlers.policies.retrosum.lessons import ExperienceDraft, LessonDraft, lesson_task, patient_context
+from grandrounds.handlers.text import key_terms
+from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved
+from grandrounds.store.experience_events import ExperienceStored, Lesson
+from grandrounds.store.experience_memory import Experience, ExperienceMemory
+from grandrounds.store.llm_events import CaseFailed
 
 ACTOR = "actor"
 ACTOR_TITLE = "Lessons from a similar past case"

@@ -17,12 +17,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.cases import Case, FhirCase
-from handlers.policies.base import ModelTask, agent_state
-from handlers.policies.fhir_lessons import calls_of, fhir_terms, procedure, task_label, verdict_line
-from handlers.text import key_terms
-from store.event_types import AgentStep, AnswerGiven
-from store.selsm_events import JudgedStep, LogicalSkill
+from grandrounds.handlers.cases import Case, FhirCase
+from grandrounds.handlers.policies.base import ModelTask, agent_state
+from grandrounds.handlers.policies.fhir_lessons import calls_of, fhir_terms, procedure, task_label, verdict_line
+from grandrounds.handlers.text import key_terms
+from grandrounds.store.event_types import AgentStep, AnswerGiven
+from grandrounds.store.selsm_events import JudgedStep, LogicalSkill
 
 
 @dataclass(frozen=True)

@@ -12,22 +12,22 @@ the paper injects skills per decision, and that is what both agent loops do.
 
 from __future__ import annotations
 
-from handlers.backbones.base import CaseFailure, records_exchanges
-from handlers.cases import Case, CaseView
-from handlers.llm.recorder import stage_recorder
-from handlers.policies.base import MemoryPolicy, StepMemory, ask_or_fail
-from handlers.policies.render import render_items
-from handlers.policies.selsm.config import SelsmPolicy
-from handlers.policies.selsm.entity_check import check_skill
-from handlers.policies.selsm.judge import decisions_of, judge_task, judged_steps
-from handlers.policies.selsm.retrieval import TransitionHit, candidate_records, state_only, two_stage
-from handlers.randomness import case_rng
-from handlers.tools import ToolBox
-from store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved
-from store.llm_events import CaseFailed
-from store.selsm_events import (RecordStored, SkillRejected, StepLabelled, StoredTransition, TrajectoryJudged,
+from grandrounds.handlers.backbones.base import CaseFailure, records_exchanges
+from grandrounds.handlers.cases import Case, CaseView
+from grandrounds.handlers.llm.recorder import stage_recorder
+from grandrounds.handlers.policies.base import MemoryPolicy, StepMemory, ask_or_fail
+from grandrounds.handlers.policies.render import render_items
+from grandrounds.handlers.policies.selsm.config import SelsmPolicy
+from grandrounds.handlers.policies.selsm.entity_check import check_skill
+from grandrounds.handlers.policies.selsm.judge import decisions_of, judge_task, judged_steps
+from grandrounds.handlers.policies.selsm.retrieval import TransitionHit, candidate_records, state_only, two_stage
+from grandrounds.handlers.randomness import case_rng
+from grandrounds.handlers.tools import ToolBox
+from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved
+from grandrounds.store.llm_events import CaseFailed
+from grandrounds.store.selsm_events import (RecordStored, SkillRejected, StepLabelled, StoredTransition, TrajectoryJudged,
                                 render_skill)
-from store.selsm_memory import SelsmMemory as SelsmMemoryPart
+from grandrounds.store.selsm_memory import SelsmMemory as SelsmMemoryPart
 
 SKILL_KIND = "logical-skill"
 """`MemoryItem.kind` of injected skills (answers that follow one have source `logical-skill:<id>`)."""

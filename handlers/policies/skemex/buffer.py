@@ -10,9 +10,9 @@ most to learn), then longer trajectories, then arrival order.
 
 from __future__ import annotations
 
-from handlers.policies.skemex.config import SkeMexPolicy
-from store.event_types import AgentStep, AnswerGiven
-from store.skill_events import Adoption, TrajectoryRecorded
+from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
+from grandrounds.store.event_types import AgentStep, AnswerGiven
+from grandrounds.store.skill_events import Adoption, TrajectoryRecorded
 
 INFRA_MARKERS = ("error:", "unavailable", "timed out", "timeout", "connection refused", "internal server error")
 """Observation text of a tool/service failure (not the agent's own format errors)."""

@@ -22,14 +22,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.backbones.sim import rule_text
-from handlers.policies.base import ModelTask
-from handlers.policies.fhir_lessons import fhir_terms, procedure, task_label, verdict_line
-from handlers.policies.skemex.config import SkeMexPolicy
-from handlers.text import content_tokens, key_terms, trigger_overlap
-from store.event_types import AgentStep
-from store.skill_events import Adoption, Branch, Decision, SkillBody, TrajectoryRecorded
-from store.skill_memory import Skill
+from grandrounds.handlers.backbones.sim import rule_text
+from grandrounds.handlers.policies.base import ModelTask
+from grandrounds.handlers.policies.fhir_lessons import fhir_terms, procedure, task_label, verdict_line
+from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
+from grandrounds.handlers.text import content_tokens, key_terms, trigger_overlap
+from grandrounds.store.event_types import AgentStep
+from grandrounds.store.skill_events import Adoption, Branch, Decision, SkillBody, TrajectoryRecorded
+from grandrounds.store.skill_memory import Skill
 
 PATCH_OVERLAP = 0.6
 """Offline pass 1: a failing trajectory patches the skill it followed when the skill's trigger

@@ -10,15 +10,15 @@ of it happens through `skill.*` events (store/skill_events.py).
 
 from __future__ import annotations
 
-from handlers.backbones.base import CaseFailure
-from handlers.cases import Case
-from handlers.policies.base import MemoryPolicy, ask
-from handlers.policies.render import render_items
-from handlers.policies.skemex import buffer, distill, governance, retrieval, utility
-from handlers.policies.skemex.config import SkeMexPolicy
-from store import skill_events as sk
-from store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved
-from store.skill_memory import Skill, SkillMemory, bucket_of
+from grandrounds.handlers.backbones.base import CaseFailure
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.policies.base import MemoryPolicy, ask
+from grandrounds.handlers.policies.render import render_items
+from grandrounds.handlers.policies.skemex import buffer, distill, governance, retrieval, utility
+from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
+from grandrounds.store import skill_events as sk
+from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved
+from grandrounds.store.skill_memory import Skill, SkillMemory, bucket_of
 
 r6 = utility.r6
 SECTION = {"general": "Skills — general", "task": "Skills — task-level", "action": "Skills — action-level"}

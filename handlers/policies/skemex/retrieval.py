@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from handlers.policies.skemex.config import SkeMexPolicy
-from store.skill_memory import Skill, SkillMemory
+from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
+from grandrounds.store.skill_memory import Skill, SkillMemory
 
 BRANCHES = ("general", "task", "action")
 

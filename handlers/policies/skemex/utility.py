@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from handlers.policies.skemex.config import SkeMexPolicy
-from store.skill_events import Adoption, TrajectoryRecorded
-from store.skill_memory import Baseline
+from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
+from grandrounds.store.skill_events import Adoption, TrajectoryRecorded
+from grandrounds.store.skill_memory import Baseline
 
 
 def r6(x: float) -> float:
