@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from grandrounds.handlers.backbones import BackboneUnavailable
-from grandrounds.handlers.llm.gateway import LLMGateway, RetryPolicy
+from grandrounds.handlers.llm.gateway import DEFAULT_TIMEOUT_S, LLMGateway, RetryPolicy
 from grandrounds.handlers.llm.runlog import RunLog
 
 
@@ -48,7 +48,7 @@ def _free_run_id(store, wanted: str | None, default: str) -> str:
 @contextmanager
 def bench_model(backbone: str, model: str | None, base_url: str | None, db: str | None, run_id: str | None,
                 default_run_id: str, record_from: str | None = None, retry: RetryPolicy | None = None,
-                timeout: float = 60.0):
+                timeout: float = DEFAULT_TIMEOUT_S):
     """Yields a `BenchModel` and closes the store afterwards. The caller closes the gateway
     (`await gateway.aclose()`) inside the event loop that used it: the HTTP client is bound to it."""
     if backbone == "sim":

@@ -29,6 +29,8 @@ def main() -> None:
               help="Default: openai when --base-url or OPENAI_BASE_URL is set, else sim.")
 @click.option("--model", default=None, help="Model name for a real backbone.")
 @click.option("--base-url", default=None, help="OpenAI-compatible endpoint (else OPENAI_BASE_URL; key: OPENAI_API_KEY).")
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds per model request attempt (openai); generous for slow local servers.")
 @click.option("--record-from", default=None, metavar="RUN", help="record backend: the run whose exchanges are served.")
 @click.option("--record-db", default=None, help="record backend: DuckDB file holding --record-from (default: --db).")
 @click.option("--live-fallthrough", is_flag=True, help="record backend: call the model on a miss instead of failing.")
@@ -67,7 +69,7 @@ def main() -> None:
 @click.option("--max-turns", default=None, type=click.IntRange(min=1),
               help="agentclinic: doctor turns per case (default 20, AgentClinic's).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, record_db, live_fallthrough, max_steps,
+def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, record_from, record_db, live_fallthrough, max_steps,
         summary_every, seed, lag, broker, sim_tools, commit, ablations, memory_from, memory_db, keep_learning,
         env, funcs, patients, fhir_base, task_types, limit, max_turns, as_json):
     """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern.
@@ -114,6 +116,8 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, record_from, 
         if memory_from and not keep_learning and "writing" in type(pol).model_fields:
             pol = pol.model_copy(update={"writing": False})  # frozen: the test split reads, never writes
         note, backbone = choice.note, choice.name
+        if backbone == "openai":
+            choice.options["timeout"] = timeout
         tools: dict[str, float] = {}
         for spec in sim_tools:
             name, r = parse_tool_spec(spec)
@@ -225,3 +229,5 @@ from grandrounds import cli_replay  # noqa: E402,F401
 from grandrounds import cli_kafka  # noqa: E402,F401
 from grandrounds.cli_agentclinic import agentclinic  # noqa: E402
 main.add_command(agentclinic)
+from grandrounds.cli_model import model as model_group  # noqa: E402
+main.add_command(model_group)

@@ -27,6 +27,8 @@ SIM_NOTE = ("sim backbone: scripted doctor (asks fixed questions, requests each 
 @click.option("--backbone", type=click.Choice(["sim", "openai", "record"]), default="sim", show_default=True)
 @click.option("--model", default=None, help="Model for the doctor, the patient and the judge (openai).")
 @click.option("--base-url", default=None, help="OpenAI-compatible endpoint (else OPENAI_BASE_URL; key: OPENAI_API_KEY).")
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds per model request attempt (openai); generous for slow local servers.")
 @click.option("--max-turns", default=20, show_default=True, type=click.IntRange(min=1),
               help="Doctor turns per case (AgentClinic's default is 20).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N cases.")
@@ -35,7 +37,7 @@ SIM_NOTE = ("sim backbone: scripted doctor (asks fixed questions, requests each 
 @click.option("--run-id", default=None, help="Run id for the recorded exchanges (default: derived, numbered on reruns).")
 @click.option("--record-from", default=None, metavar="RUN", help="record backend: the run of --db to serve.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def agentclinic(cases_file, backbone, model, base_url, max_turns, limit, db, run_id, record_from, as_json):
+def agentclinic(cases_file, backbone, model, base_url, timeout, max_turns, limit, db, run_id, record_from, as_json):
     """Run AgentClinic OSCE CASES.jsonl (agentclinic_medqa*.jsonl or agentclinic_nejm*.jsonl)."""
     from grandrounds.bench_models import bench_model, check_options
     from grandrounds.handlers.agent.osce_runner import osce_metrics, run_osce_cases
@@ -57,7 +59,7 @@ def agentclinic(cases_file, backbone, model, base_url, max_turns, limit, db, run
     differential = diagnosis_vocabulary(load_osce_cases(cases_file)) if backbone == "sim" else None
     bar = None
     try:
-        with bench_model(backbone, model, base_url, db, run_id, default_id, record_from) as bm:
+        with bench_model(backbone, model, base_url, db, run_id, default_id, record_from, timeout=timeout) as bm:
             from tqdm import tqdm
 
             bar = tqdm(total=len(cases), unit="case", desc="cases", file=sys.stderr, disable=as_json or None,

@@ -36,13 +36,15 @@ SIM_NOTE = "sim agent: scripted for the official task templates, not a model; it
 @click.option("--backbone", type=click.Choice(["sim", "openai", "record"]), default="sim", show_default=True)
 @click.option("--model", default=None, help="Model name (openai).")
 @click.option("--base-url", default=None, help="OpenAI-compatible endpoint (else OPENAI_BASE_URL; key: OPENAI_API_KEY).")
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds per model request attempt (openai); generous for slow local servers.")
 @click.option("--max-rounds", default=8, show_default=True, type=click.IntRange(min=1),
               help="Model replies per task (openai/record).")
 @click.option("--db", default=None, help="DuckDB file recording the exchanges (openai/record; default medagentbench.duckdb).")
 @click.option("--run-id", default=None, help="Run id for the recorded exchanges (default: derived, numbered on reruns).")
 @click.option("--record-from", default=None, metavar="RUN", help="record backend: the run of --db to serve.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone, model, base_url, max_rounds, db,
+def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone, model, base_url, timeout, max_rounds, db,
                   run_id, record_from, as_json):
     """Run MedAgentBench TASKS (test_data_v2.json) with the sim agent or a model and grade them."""
     from grandrounds.bench_models import bench_model, check_options
@@ -72,7 +74,7 @@ def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone
     default_id = "mab-" + content_hash({"tasks": [c.case_id for c in cases], "model": model,
                                        "rounds": max_rounds})[:12]
     try:
-        with bench_model(backbone, model, base_url, db, run_id, default_id, record_from) as bm:
+        with bench_model(backbone, model, base_url, db, run_id, default_id, record_from, timeout=timeout) as bm:
             rows = asyncio.run(_run_all(cases, functions, functions_json, base, sandbox is not None, fhir_base, bm,
                                         max_rounds))
             llm = bm.log.summary() if bm.log else None

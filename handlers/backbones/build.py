@@ -8,7 +8,7 @@ from typing import Any
 from grandrounds.handlers.agent.react import AgentConfig
 from grandrounds.handlers.backbones import BackboneUnavailable
 from grandrounds.handlers.backbones.openai_backbone import OpenAIBackbone
-from grandrounds.handlers.llm.gateway import LLMGateway, RetryPolicy
+from grandrounds.handlers.llm.gateway import DEFAULT_TIMEOUT_S, LLMGateway, RetryPolicy
 from grandrounds.handlers.llm.record import RecordedExchanges, RecordedTransport
 from grandrounds.handlers.llm.transport import OpenAITransport
 
@@ -27,7 +27,7 @@ def live_transport(base_url: str | None, api_key: str | None, timeout: float) ->
 
 
 def build_model_backbone(name: str, model: str | None, *, base_url: str | None = None, api_key: str | None = None,
-                         timeout: float = 60.0, retry: RetryPolicy | None = None,
+                         timeout: float = DEFAULT_TIMEOUT_S, retry: RetryPolicy | None = None,
                          params: dict[str, Any] | None = None, max_steps: int = 7, summary_every: int = 10,
                          structured: str = "auto",
                          recorded: RecordedExchanges | None = None, live_fallthrough: bool = False,

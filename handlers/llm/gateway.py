@@ -20,6 +20,14 @@ from grandrounds.store.canonical import content_hash
 from grandrounds.store.llm_events import LLMExchange, LLMMessage, TokenUsage
 
 
+DEFAULT_MAX_TOKENS = 1024
+"""Sent with every request that names no `max_tokens`: a weak model can repeat inside a JSON string
+until its context is full (minutes on a CPU server); a bound makes that a short, recorded reply."""
+DEFAULT_TIMEOUT_S = 300.0
+"""Per attempt. A 2-core local server takes ~60 s for MedAgentBench's 3,300-token official prompt,
+several times that under load; a hosted endpoint answers far sooner, so a generous bound costs nothing."""
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     max_attempts: int = 4
@@ -56,7 +64,8 @@ class LLMGateway:
 
     async def complete(self, messages: list[dict[str, str]], recorder: Recorder, purpose: str,
                        params: dict[str, Any] | None = None) -> Reply:
-        merged = {**self.params, **params} if params else self.params
+        merged = {**self.params, **params} if params else dict(self.params)
+        merged.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
         h = request_hash(self.model, messages, merged)
         recorded_messages = [LLMMessage(role=m["role"], content=m["content"]) for m in messages]
         attempt = 0

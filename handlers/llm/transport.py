@@ -61,7 +61,7 @@ class OpenAITransport:
 
     served = "live"
 
-    def __init__(self, base_url: str | None, api_key: str, timeout: float = 60.0):
+    def __init__(self, base_url: str | None, api_key: str, timeout: float = 300.0):
         import openai
 
         self._openai = openai

