@@ -231,3 +231,4 @@ from grandrounds.cli_agentclinic import agentclinic  # noqa: E402
 main.add_command(agentclinic)
 from grandrounds.cli_model import model as model_group  # noqa: E402
 main.add_command(model_group)
+from grandrounds import cli_ui  # noqa: E402,F401

@@ -86,3 +86,35 @@ def diff(store: EventStore, run_a: str, run_b: str, limit: int | None = None) ->
         "runs": {"a": a_info, "b": b_info},
         **kinds,
     }
+
+
+POINT_FIELDS = ("status", "utility", "priority", "label", "text", "selected", "helpful", "harmful", "total")
+"""Fields of an item compared between two points of one run (ids are stable within a run)."""
+
+
+def diff_points(store: EventStore, run_id: str, a: dict, b: dict) -> dict:
+    """One run's memory at two points (each `{"as_of_case": N}` or `{"as_of_seq": S}`, or {} for the
+    end): items added, gone and changed between them, every kind the run's policy keeps. Built on
+    `audit items`, so it shows what that command shows at each point."""
+    from grandrounds.replay.audit_items import items
+
+    ia = items(store, run_id, a.get("as_of_case"), a.get("as_of_seq"))
+    ib = items(store, run_id, b.get("as_of_case"), b.get("as_of_seq"))
+
+    def keyed(res: dict) -> dict[str, dict]:
+        return {f"{it['kind']}:{it['id']}": it for it in res["items"]}
+
+    ka, kb = keyed(ia), keyed(ib)
+    added = [kb[k] for k in kb if k not in ka]
+    removed = [ka[k] for k in ka if k not in kb]
+    changed = []
+    for k in ka:
+        if k in kb:
+            fields = [f for f in POINT_FIELDS if f in ka[k] and ka[k].get(f) != kb[k].get(f)]
+            if fields:
+                changed.append({"kind": ka[k]["kind"], "id": ka[k]["id"], "fields": fields,
+                                "a": {f: ka[k].get(f) for f in fields}, "b": {f: kb[k].get(f) for f in fields}})
+    return {"run_id": run_id, "a": ia["as_of"], "b": ib["as_of"], "counts_a": ia["counts"], "counts_b": ib["counts"],
+            "summary": {"added": len(added), "removed": len(removed), "changed": len(changed),
+                        "same": len(ka) - len(removed) - len(changed)},
+            "added": added, "removed": removed, "changed": changed}

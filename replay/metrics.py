@@ -15,6 +15,25 @@ def cumulative_accuracy(outcomes: list[bool]) -> list[float]:
     return out
 
 
+def rolling_accuracy(outcomes: list[bool], window: int) -> list[float]:
+    """Accuracy over the last `window` cases at each point (fewer at the start): the cumulative
+    curve flattens as a run grows, so a change late in the stream shows here first."""
+    if window < 1:
+        raise ValueError("window must be at least 1")
+    out, correct = [], 0
+    for i, ok in enumerate(outcomes):
+        correct += ok
+        if i >= window:
+            correct -= outcomes[i - window]
+        out.append(round(correct / min(i + 1, window), 6))
+    return out
+
+
+def default_window(n: int) -> int:
+    """A rolling window that shows trends on both 20 and 2,500 cases: a tenth of the run, 5..100."""
+    return max(5, min(100, n // 10))
+
+
 def outcomes(store: EventStore, run_id: str) -> list[bool]:
     return [e.decode().correct for e in store.iter(run_id, types=[CaseCompleted.event_type])]
 

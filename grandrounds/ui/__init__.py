@@ -1,0 +1,1 @@
+"""The read-only web view of a DuckDB event log (`grandrounds ui`)."""
