@@ -78,7 +78,7 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
             # the shortest OSCE dialogue is one turn: the diagnosis
             summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES))
         elif environment is not None:
-            from grandrounds.fhir_run import fhir_task_class
+            from grandrounds.handlers.environments.medagentbench.run import fhir_task_class
 
             # the shortest FHIR episode is two turns: one call, then FINISH
             summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES), t_min=2, classify=fhir_task_class)
@@ -87,7 +87,7 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
     if environment is not None and environment.name == "agentclinic":
         summary["environment"] = environment.name
     elif environment is not None:
-        from grandrounds.fhir_run import per_task_type
+        from grandrounds.handlers.environments.medagentbench.run import per_task_type
 
         summary["environment"] = environment.name
         summary["per_task_type"] = per_task_type(store, rid)

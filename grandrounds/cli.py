@@ -84,7 +84,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
     from grandrounds.handlers.tools import parse_tool_spec
 
     from grandrounds.backbone_choice import attach_record, choose_backbone
-    from grandrounds.fhir_run import looks_like_task_file, mab_options_given, prepare_medagentbench
+    from grandrounds.handlers.environments.medagentbench.run import looks_like_task_file, mab_options_given, prepare_medagentbench
 
     setup = None
     try:
@@ -94,7 +94,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
                                           pol.name, tuple(sim_tools), broker)
             cases, source = setup.cases, setup.source
         elif env == "agentclinic":
-            from grandrounds.osce_run import prepare_agentclinic
+            from grandrounds.handlers.environments.osce_run import prepare_agentclinic
 
             setup = prepare_agentclinic(cases_file, max_turns, limit, pol.name, tuple(sim_tools), broker,
                                         mab_options_given(funcs, patients, fhir_base, task_types, None))
@@ -180,11 +180,11 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
     summary = outcome.summary
     notes = [n for n in (note, outcome.note) if n]
     if setup and env == "agentclinic":
-        from grandrounds.osce_run import SIM_NOTE as OSCE_SIM_NOTE
+        from grandrounds.handlers.environments.osce_run import SIM_NOTE as OSCE_SIM_NOTE
 
         notes = [OSCE_SIM_NOTE if n == outcome.note and summary["backbone"] == "sim" else n for n in notes]
     elif setup:
-        from grandrounds.fhir_run import SIM_NOTE
+        from grandrounds.handlers.environments.medagentbench.run import SIM_NOTE
 
         notes = [SIM_NOTE if n == outcome.note and summary["backbone"] == "sim" else n for n in notes] + setup.notes
     if outcome.processed_now == 0:

@@ -40,7 +40,8 @@ SIM_NOTE = ("sim backbone: scripted doctor (asks fixed questions, requests each 
 def agentclinic(cases_file, backbone, model, base_url, timeout, max_turns, limit, db, run_id, record_from, as_json):
     """Run AgentClinic OSCE CASES.jsonl (agentclinic_medqa*.jsonl or agentclinic_nejm*.jsonl)."""
     from grandrounds.bench_models import bench_model, check_options
-    from grandrounds.handlers.agent.osce_runner import osce_metrics, run_osce_cases
+    from grandrounds.handlers.agent.osce_runner import run_osce_cases
+    from grandrounds.replay.task_metrics import osce_metrics
     from grandrounds.handlers.environments.agentclinic_osce import diagnosis_vocabulary, load_osce_cases
     from grandrounds.handlers.llm.errors import ReplayDivergence
     from grandrounds.store.canonical import content_hash

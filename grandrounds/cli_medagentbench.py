@@ -48,7 +48,7 @@ def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone
                   run_id, record_from, as_json):
     """Run MedAgentBench TASKS (test_data_v2.json) with the sim agent or a model and grade them."""
     from grandrounds.bench_models import bench_model, check_options
-    from grandrounds.handlers.environments.fhir_sandbox import FhirSandbox
+    from grandrounds.sandbox.fhir_server import FhirSandbox
     from grandrounds.handlers.environments.medagentbench import load_functions, load_tasks
     from grandrounds.handlers.llm.errors import ReplayDivergence
     from grandrounds.store.canonical import content_hash
@@ -75,8 +75,7 @@ def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone
                                        "rounds": max_rounds})[:12]
     try:
         with bench_model(backbone, model, base_url, db, run_id, default_id, record_from, timeout=timeout) as bm:
-            rows = asyncio.run(_run_all(cases, functions, functions_json, base, sandbox is not None, fhir_base, bm,
-                                        max_rounds))
+            rows = asyncio.run(_run_all(cases, functions, functions_json, base, fhir_base, bm, max_rounds))
             llm = bm.log.summary() if bm.log else None
             note = bm.note or SIM_NOTE
     except BAD_INPUT as exc:
@@ -103,17 +102,21 @@ def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone
         click.echo(click.style(f"note: {note}", fg="yellow"))
 
 
-async def _run_all(cases, functions, functions_json, base, send_posts, fhir_base, bm, max_rounds) -> list[dict]:
+async def _run_all(cases, functions, functions_json, base, fhir_base, bm, max_rounds) -> list[dict]:
     from grandrounds.handlers.agent.fhir_official import run_official_fhir_agent
     from grandrounds.handlers.agent.fhir_react import sim_fhir_agent
-    from grandrounds.handlers.environments.medagentbench import FhirTools, NeedsFullServer, grade
+    from grandrounds.handlers.environments.medagentbench import FhirTools, Grade, NeedsFullServer, grade, reference
+    from grandrounds.handlers.environments.medagentbench.client import FhirClient, FhirTransportError
+    from grandrounds.handlers.environments.medagentbench.tasks import needs_full_server
 
+    public = fhir_base or OFFICIAL_BASE
+    client = FhirClient()
     rows = []
     try:
         for case in cases:  # strictly in order, so a recorded run replays in the same order
-            tools = FhirTools(functions, base, send_posts=send_posts, public_base=fhir_base or OFFICIAL_BASE)
+            tools = FhirTools(functions, base, public_base=public, client=client)
             if bm.gateway is None:
-                sim_fhir_agent(case.view(), tools)
+                await sim_fhir_agent(case.view(), tools)
                 status, rounds = "completed", None
             else:
                 run = await run_official_fhir_agent(bm.gateway, case.view(), tools,
@@ -122,11 +125,17 @@ async def _run_all(cases, functions, functions_json, base, send_posts, fhir_base
             row = {"case_id": case.case_id, "task_type": case.task_type, "status": status, "rounds": rounds,
                    "calls": len(tools.trajectory.calls), "answer": tools.trajectory.result,
                    "tokens": bm.log.case_tokens(case.case_id) if bm.log else 0}
-            try:
-                g = grade(case, tools.trajectory, base, full_server=fhir_base is not None)
-                row.update(correct=g.correct, reason=g.reason)
-            except NeedsFullServer:
-                row.update(correct=None, reason="needs_full_server")
+            if needs_full_server(case) and fhir_base is None:
+                row.update(correct=None, reason="needs_full_server", graded=False, t_min=None)
+            else:
+                try:
+                    data = await reference(case, base, client)
+                    g = grade(case, tools.trajectory, public, data, full_server=fhir_base is not None)
+                except (FhirTransportError, ValueError) as exc:  # refsol fails on it: incorrect
+                    g = Grade(False, f"reference data unavailable: {exc}")
+                except NeedsFullServer:  # pragma: no cover - checked above
+                    raise
+                row.update(correct=g.correct, reason=g.reason, graded=g.graded, t_min=g.min_rounds)
             rows.append(row)
     finally:
         if bm.gateway is not None:
@@ -135,10 +144,14 @@ async def _run_all(cases, functions, functions_json, base, send_posts, fhir_base
 
 
 def _summary(rows, fhir_base, backbone, model, llm, note) -> dict:
+    """Counts from one verdict per task (`correct`), so per-type and top-level numbers agree. As the
+    official `calculate_overall`: a task without a FINISH result is not graded and counts as incorrect;
+    the success rate is correct / tasks (here over the task types this server can grade)."""
     from grandrounds.handlers.environments.medagentbench import ACTION_TASK_TYPES
     from grandrounds.replay.task_metrics import TaskRecord, er, osr, qab, sr, tc, tokens_per_correct
 
-    per_type: dict[int, dict[str, int]] = defaultdict(lambda: {"tasks": 0, "correct": 0, "needs_full_server": 0})
+    per_type: dict[int, dict[str, int]] = defaultdict(
+        lambda: {"tasks": 0, "correct": 0, "no_result": 0, "needs_full_server": 0})
     records = []
     for r in rows:
         t = per_type[r["task_type"]]
@@ -146,24 +159,28 @@ def _summary(rows, fhir_base, backbone, model, llm, note) -> dict:
         if r["correct"] is None:
             t["needs_full_server"] += 1
             continue
-        t["correct"] += r["correct"]
+        t["correct"] += bool(r["correct"])
+        t["no_result"] += not r["graded"]
         records.append(TaskRecord(
             case_id=r["case_id"], task_class="action" if r["task_type"] in ACTION_TASK_TYPES else "query",
-            completed=r["status"] == "completed", success=r["status"] == "completed" and r["correct"],
+            completed=r["status"] == "completed", success=bool(r["correct"]),
             turns=r["rounds"] or 0, tool_calls=r["calls"], timeout=r["status"] == "limit_reached",
-            invalid=r["status"] in ("invalid_action", "failed"), fallback=False, tokens=r["tokens"],
-            act_tokens=r["tokens"]))
+            invalid=r["status"] == "invalid_action", fallback=False, tokens=r["tokens"],
+            act_tokens=r["tokens"], error=r["status"] == "error", t_min=r["t_min"]))
     graded = len(records)
     correct = sum(r.success for r in records)
     q, a = sr(records, "query"), sr(records, "action")
     metrics = {"tc": tc(records), "sr": sr(records), "q_sr": q, "a_sr": a, "qab": qab(q, a), "er": er(records),
-               # the shortest official episode is two rounds: one GET/POST, then FINISH
-               "osr": osr(records, t_min=2) if llm is not None else None, "t_min": 2,
+               # T_min per task: the reference solution's rounds (its reads, required POSTs, then FINISH)
+               "osr": osr(records) if llm is not None else None, "t_min": "per task (refsol branch)",
+               "terminations": {k: sum(r["status"] == k for r in rows if r["correct"] is not None)
+                                for k in ("completed", "invalid_action", "limit_reached", "error")},
                "tokens_per_correct_task": tokens_per_correct(records) if llm is not None else None,
                "avg_rounds": round(sum(r.turns for r in records) / graded, 3) if graded and llm is not None else None,
                "avg_fhir_calls": round(sum(r.tool_calls for r in records) / graded, 3) if graded else None}
     out = {"fhir_base": fhir_base or "sandbox", "agent": backbone, "model": model if backbone != "sim" else None,
            "tasks": len(rows), "graded": graded, "correct": correct,
+           "no_result": sum(not r["graded"] for r in rows if r["correct"] is not None),
            "accuracy": round(correct / graded, 4) if graded else None,
            "per_task_type": {str(k): v for k, v in sorted(per_type.items())}, "metrics": metrics,
            "results": rows, "notes": [note]}

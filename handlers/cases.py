@@ -134,13 +134,13 @@ class FhirCaseView(BaseModel):
 
 
 class FhirCase(BaseModel):
-    """A MedAgentBench FHIR task (`handlers/environments/medagentbench.py`): the official `instruction`
+    """A MedAgentBench FHIR task (`handlers/environments/medagentbench/`): the official `instruction`
     and `context`, the task type (1-10), the patient graded against (`eval_mrn`, absent for the two
     "Patient not found" task-1 cases) and, for task 1 only, the official answer `sol`.
 
     Kept apart from `Case`: `Case` is also the Kafka wire contract (docs/asyncapi.json), which carries
     mcq cases only. The pipeline stages take both; a fhir case needs the MedAgentBench environment on
-    the run context (`handlers.environments.medagentbench_env`), built by `grandrounds run --env
+    the run context (`handlers.environments.medagentbench.environment`), built by `grandrounds run --env
     medagentbench`.
     """
 

@@ -31,7 +31,7 @@ async def feedback_fhir(ctx: RunContext, case: FhirCase, memory: MemoryRetrieved
                         answer: AnswerGiven) -> FeedbackRecorded:
     from grandrounds.handlers.environments.base import require_environment
 
-    correct, gold = require_environment(ctx, case).grade(case, answer)
+    correct, gold = await require_environment(ctx, case).grade(case, answer)
     rule_outcomes, tool_outcomes = ctx.mechanism.outcomes(ctx, case, memory, answer, correct)
     result = FeedbackRecorded(answer=answer.answer, gold=gold, correct=correct,
                               rule_outcomes=rule_outcomes, tool_outcomes=tool_outcomes)

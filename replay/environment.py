@@ -104,6 +104,6 @@ def reopen_environment(record: EnvironmentRecord, run_id: str, source: str | Non
         from grandrounds.handlers.environments.osce_env import open_environment as open_osce
 
         return open_osce(record)
-    from grandrounds.handlers.environments.medagentbench_env import open_environment
+    from grandrounds.handlers.environments.medagentbench.environment import open_environment
 
     return open_environment(record)

@@ -118,13 +118,13 @@ def plan_replay(store: EventStore, source: str, count: int, seed: int, *, policy
             f"serve, so its case log cannot be replayed with {spec.backbone!r}: replay it with --backbone sim "
             "(the default for a sim run)")
     if environment is not None and getattr(environment, "name", None) == "agentclinic":
-        from grandrounds.osce_run import SUPPORTED_POLICIES as OSCE_POLICIES
+        from grandrounds.handlers.environments.osce_run import SUPPORTED_POLICIES as OSCE_POLICIES
 
         if spec.policy.name not in OSCE_POLICIES:
             raise ReplayInputError(f"run {source!r} holds AgentClinic OSCE cases: policy {spec.policy.name!r} "
                                    f"does not handle them yet (use {' or '.join(OSCE_POLICIES)})")
     elif environment is not None:
-        import grandrounds.fhir_run as fhir_run
+        import grandrounds.handlers.environments.medagentbench.run as fhir_run
 
         supported = getattr(fhir_run, "SUPPORTED_POLICIES", None)
         if supported is not None and spec.policy.name not in supported:

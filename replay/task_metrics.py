@@ -72,6 +72,11 @@ class TaskRecord:
     """Answered by aligning the final step's untagged text (no valid `<response>`)."""
     tokens: int
     act_tokens: int
+    error: bool = False
+    """Ended by an error (model unreachable after retries, a failed summary): neither an invalid
+    action nor the turn limit, so not counted against ER."""
+    t_min: int | None = None
+    """This task's minimal rounds (its reference solution's), when known; else `osr`'s t_min."""
 
 
 def task_records(events: Iterable[EventLike],
@@ -136,8 +141,10 @@ def sr(records: list[TaskRecord], cls: TaskClass | None = None) -> float | None:
 
 
 def osr(records: list[TaskRecord], t_min: int = 1) -> float | None:
-    """One-Shot correct Rate (Eq. 14), percent: successes in exactly `t_min` turns."""
-    return _pct(sum(r.success and r.turns == t_min for r in records), len(records))
+    """One-Shot correct Rate (Eq. 14), percent: successes in exactly T_min turns (the record's own
+    `t_min` where known, else `t_min`)."""
+    return _pct(sum(r.success and r.turns == (r.t_min if r.t_min is not None else t_min) for r in records),
+                len(records))
 
 
 def er(records: list[TaskRecord]) -> float | None:
@@ -187,3 +194,22 @@ def task_metrics(events: Iterable[EventLike], t_min: int = 1,
         "fallback_answers": sum(r.fallback for r in records),
         "not_computed": missing,
     }
+
+
+def osce_metrics(results: list, with_tokens: bool) -> dict:
+    """SELSM §2.5 quantities over AgentClinic results (`handlers.agent.osce_runner.OsceResult`): completion = a diagnosis was
+    given; turns = doctor turns; tool calls = tests requested; timeout = no diagnosis within the
+    budget; invalid = a model was unreachable. T_min is 1 (a diagnosis on the first turn)."""
+    records = [TaskRecord(case_id=r.case_id, task_class=None, completed=r.status == "diagnosed",
+                          success=r.status == "diagnosed" and r.correct, turns=r.turns,
+                          tool_calls=len(r.tests_requested), timeout=r.status == "no_diagnosis",
+                          invalid=r.status == "failed", fallback=False, tokens=r.tokens, act_tokens=r.doctor_tokens)
+               for r in results]
+    n = len(records) or 1
+    return {"tc": tc(records), "sr": sr(records), "osr": osr(records), "er": er(records),
+            "tokens_per_correct_task": tokens_per_correct(records) if with_tokens else None,
+            "doctor_tokens_per_correct_task": tokens_per_correct(records, act_only=True) if with_tokens else None,
+            "avg_turns": round(sum(r.turns for r in records) / n, 3),
+            "avg_tests": round(sum(r.tool_calls for r in records) / n, 3),
+            "judged_by_llm": sum(r.judge == "llm" for r in results),
+            "judged_by_string_match": sum(r.judge == "string-match" for r in results)}

@@ -29,7 +29,7 @@ def offline_tasks_file(directory: Path) -> Path:
 def invoke_json(args: list[str], env: dict | None = None) -> tuple[int, dict]:
     r = CliRunner().invoke(main, [*args, "--json"], env=env or {})
     lines = r.stdout.strip().splitlines()
-    assert lines, r.output
+    assert lines, (r.output, r.exception, __import__("traceback").format_exception(*r.exc_info) if r.exc_info else None)
     return r.exit_code, json.loads(lines[-1])
 
 
@@ -67,3 +67,16 @@ class FhirFake(FakeOpenAI):
                                           "birthdate, FINISH with the id found.", "trigger": ["mrn", "name", "dob"],
                                           "priority": 1, "reason": "worked"}]})
         return patient_lookup_turn(messages)
+
+
+def grade_now(case, trajectory, base, full_server=False, public_base=None):
+    """refsol's verdict on a trajectory: the reference data read from `base` (as the environment does),
+    POST URLs compared with `public_base` (the base the agent was shown; `base` when not given)."""
+    import asyncio
+
+    from grandrounds.handlers.environments.medagentbench import grade, reference
+    from grandrounds.handlers.environments.medagentbench.client import FhirClient
+    from grandrounds.handlers.environments.medagentbench.tasks import needs_full_server
+
+    data = asyncio.run(reference(case, base, FhirClient())) if full_server or not needs_full_server(case) else None
+    return grade(case, trajectory, public_base or base, data, full_server=full_server)

@@ -114,7 +114,7 @@ def test_counterfactual_policy_replays_fhir_runs(sim_run, tmp_path, monkeypatch)
     types = [e.type for e in _events(copy, abl["runs"][0]["run_id"])]
     assert "rule.added" not in types and abl["runs"][0]["accuracy"] == 1.0
     # A policy whose stages do not handle FHIR tasks is refused up front (exit 2), as `grandrounds run` does.
-    import grandrounds.fhir_run as fhir_run
+    import grandrounds.handlers.environments.medagentbench.run as fhir_run
 
     monkeypatch.setattr(fhir_run, "SUPPORTED_POLICIES", ("evo-medagent", "none"))
     code, bad = _replay(copy, out["run_id"], "--permutations", "1", "--policy", "skemex")

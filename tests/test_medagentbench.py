@@ -11,11 +11,12 @@ from datetime import datetime
 import pytest
 
 from grandrounds.handlers.cases import Case, FhirCase
-from grandrounds.handlers.environments.fhir_sandbox import FhirSandbox
+from grandrounds.sandbox.fhir_server import FhirSandbox
 from grandrounds.handlers.environments.medagentbench import (
     NOW, OFFLINE_TASK_TYPES, TASK8_COMMENT, FhirCall, FhirTools, FhirTrajectory, NeedsFullServer, calculate_age,
-    finish_payload, grade, load_functions, load_tasks)
+    finish_payload, load_functions, load_tasks)
 
+from fhir_helpers import grade_now as grade
 from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
 
 needs_data = needs_medagentbench
@@ -84,10 +85,11 @@ def test_sandbox_answers_patient_searches_as_bundles(sandbox):
     assert b["resourceType"] == "Bundle" and b["total"] == 1
     p = b["entry"][0]["resource"]
     assert p["id"] == "S6534835" and p["birthDate"] == "1932-12-29"
-    assert get(f"{sandbox.base}Patient?name=Peter%20Stafford&birthdate=1932-12-29")["total"] == 1
+    assert get(f"{sandbox.base}Patient?name=Peter&name=Stafford&birthdate=1932-12-29")["total"] == 1
     assert get(f"{sandbox.base}Patient?given=peter&family=stafford&birthdate=1932-12-29")["total"] == 1
     assert get(f"{sandbox.base}Patient?identifier=S0000000")["total"] == 0
-    assert get(f"{sandbox.base}Observation?patient=S6534835&code=MG&_count=5000")["total"] == 0
+    empty = get(f"{sandbox.base}Observation?patient=S6534835&code=MG&_count=5000")
+    assert empty["total"] == 0 and "entry" not in empty and "lastUpdated" in empty["meta"]  # HAPI's shape
     req = urllib.request.Request(f"{sandbox.base}ServiceRequest", data=b'{"resourceType": "ServiceRequest"}',
                                  method="POST", headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
@@ -100,7 +102,8 @@ def test_every_official_task1_resolves_through_the_sandbox(tasks, sandbox):
     name_dob = re.compile(r"name (.+?) and DOB of (\d{4}-\d{2}-\d{2})")
     for case in (c for c in tasks if c.task_type == 1):
         name, dob = name_dob.search(case.instruction).groups()
-        found = sandbox.search_patients({"name": name, "birthdate": dob})
+        given, _, family = name.rpartition(" ")
+        found = sandbox.search_patients([("given", given), ("family", family), ("birthdate", dob)])
         got = [p["id"] for p in found] or ["Patient not found"]
         assert got == case.sol, case.case_id
     # every MRN the official tasks name is in the snapshot
@@ -109,7 +112,7 @@ def test_every_official_task1_resolves_through_the_sandbox(tasks, sandbox):
 
 # -- grading ------------------------------------------------------------------------------------
 
-def _traj(result=None, posts=()):
+def _traj(result="[]", posts=()):
     return FhirTrajectory(calls=[FhirCall("POST", u, p) for u, p in posts], result=result)
 
 
@@ -154,23 +157,25 @@ def test_grading_types_1_2_3_8_offline(tasks, sandbox):
 
     t3 = by_id["mab-task3_1"]
     good = bp_payload(t3.eval_mrn)
-    assert grade(t3, _traj(None, [(base + "Observation", good)]), base).correct
+    assert grade(t3, _traj("[]", [(base + "Observation", good)]), base).correct
+    no_finish = grade(t3, _traj(None, [(base + "Observation", good)]), base)
+    assert not no_finish.correct and not no_finish.graded  # officially a task without a result is not graded
     for key, value in [("valueString", "118/77"), ("code", {"text": "bp"}), ("status", "preliminary"),
                        ("effectiveDateTime", "2023-11-13T10:15:00Z"), ("subject", {"reference": "S2380121"})]:
-        g = grade(t3, _traj(None, [(base + "Observation", {**good, key: value})]), base)
+        g = grade(t3, _traj("[]", [(base + "Observation", {**good, key: value})]), base)
         assert not g.correct and key in g.reason
-    assert not grade(t3, _traj(None, [(base + "Observation", good)] * 2), base).correct
-    assert not grade(t3, _traj(None, [(base + "ServiceRequest", good)]), base).correct
-    rejected = FhirTrajectory(calls=[FhirCall("POST", base + "Observation", good, accepted=False)])
+    assert not grade(t3, _traj("[]", [(base + "Observation", good)] * 2), base).correct
+    assert not grade(t3, _traj("[]", [(base + "ServiceRequest", good)]), base).correct
+    rejected = FhirTrajectory(calls=[FhirCall("POST", base + "Observation", good, accepted=False)], result="[]")
     assert not grade(t3, rejected, base).correct
 
     t8 = by_id["mab-task8_1"]
     ok = referral_payload(t8.eval_mrn)
-    assert grade(t8, _traj(None, [(base + "ServiceRequest", ok)]), base).correct
+    assert grade(t8, _traj("[]", [(base + "ServiceRequest", ok)]), base).correct
     longer = {**ok, "note": {"text": "Referral. " + TASK8_COMMENT}}
-    assert grade(t8, _traj(None, [(base + "ServiceRequest", longer)]), base).correct  # `in`, as refsol
-    assert not grade(t8, _traj(None, [(base + "ServiceRequest", {**ok, "priority": "routine"})]), base).correct
-    assert not grade(t8, _traj(None, [(base + "ServiceRequest", {**ok, "note": "x"})]), base).correct
+    assert grade(t8, _traj("[]", [(base + "ServiceRequest", longer)]), base).correct  # `in`, as refsol
+    assert not grade(t8, _traj("[]", [(base + "ServiceRequest", {**ok, "priority": "routine"})]), base).correct
+    assert not grade(t8, _traj("[]", [(base + "ServiceRequest", {**ok, "note": "x"})]), base).correct
 
 
 @needs_data
@@ -184,11 +189,13 @@ def test_lab_task_types_need_the_full_server(tasks, sandbox):
 
 @needs_data
 def test_tools_run_against_the_sandbox_and_record_the_trajectory(functions, sandbox):
-    tools = FhirTools(functions, sandbox.base, send_posts=True)
-    obs = tools.call("get_patient", {"identifier": "S2380121"})
+    import asyncio
+
+    tools = FhirTools(functions, sandbox.base)
+    obs = asyncio.run(tools.call("get_patient", {"identifier": "S2380121"}))
     assert obs.startswith("Here is the response from the GET request:") and '"S2380121"' in obs
-    assert tools.call("post_observation", bp_payload("S2380121")).startswith("POST request accepted")
-    assert tools.call("post_observation", {}) == "Invalid POST request"
+    assert tools.post_url(sandbox.base + "Observation", bp_payload("S2380121")).startswith("POST request accepted")
+    assert tools.post_url(sandbox.base + "Observation", None, "Expecting value") == "Invalid POST request"
     tools.finish(finish_payload("FINISH([])"))
     t = tools.trajectory
     assert [c.method for c in t.calls] == ["GET", "POST", "POST"] and t.calls[0].url.endswith("_format=json")

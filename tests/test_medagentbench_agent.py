@@ -11,11 +11,12 @@ import pytest
 from grandrounds.handlers.agent.fhir_react import parse_fhir_turn, run_fhir_agent, sim_fhir_agent
 from grandrounds.handlers.agent.react import AgentConfig
 from grandrounds.handlers.backbones.base import CaseFailure
-from grandrounds.handlers.environments.fhir_sandbox import FhirSandbox
+from grandrounds.sandbox.fhir_server import FhirSandbox
 from grandrounds.handlers.environments.medagentbench import (
-    OFFLINE_TASK_TYPES, FhirTools, NeedsFullServer, grade, load_functions, load_tasks)
+    OFFLINE_TASK_TYPES, FhirTools, NeedsFullServer, load_functions, load_tasks)
 from grandrounds.handlers.llm.recorder import Recorder
 
+from fhir_helpers import grade_now
 from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
 
 pytestmark = needs_medagentbench
@@ -66,7 +67,7 @@ def test_react_loop_solves_task1_through_the_sandbox(env):
         '<reasoning>look up</reasoning><tool>{"name": "get_patient", "arguments": '
         '{"given": "Peter", "family": "Stafford", "birthdate": "1932-12-29"}}</tool>',
         '<reasoning>found</reasoning><response>FINISH(["S6534835"])</response>'])
-    tools = FhirTools(functions, sandbox.base, send_posts=True)
+    tools = FhirTools(functions, sandbox.base)
     answer = asyncio.run(run_fhir_agent(gw, case.view(), tools, recorder()))
     assert answer.answer == '["S6534835"]'
     assert [s.kind for s in answer.steps].count("tool") == 1
@@ -74,7 +75,7 @@ def test_react_loop_solves_task1_through_the_sandbox(env):
     first = "\n".join(m["content"] for m in gw.prompts[0])
     assert "get_patient" in gw.prompts[0][0]["content"] and case.instruction in first
     assert "S6534835" not in first  # the gold `sol` is never shown
-    assert grade(case, tools.trajectory, sandbox.base).correct
+    assert grade_now(case, tools.trajectory, sandbox.base).correct
 
 
 def test_react_loop_task3_post_and_failure_without_finish(env):
@@ -87,10 +88,10 @@ def test_react_loop_task3_post_and_failure_without_finish(env):
                "valueString": "118/77 mmHg", "subject": {"reference": "Patient/S2380121"}}
     gw = ScriptedGateway([f'<reasoning>post</reasoning><tool>{{"name": "post_observation", "arguments": {json.dumps(payload)}}}</tool>',
                           "<reasoning>done</reasoning><response>FINISH([])</response>"])
-    tools = FhirTools(functions, sandbox.base, send_posts=True)
+    tools = FhirTools(functions, sandbox.base)
     asyncio.run(run_fhir_agent(gw, case.view(), tools, recorder()))
-    assert grade(case, tools.trajectory, sandbox.base).correct
-    assert sandbox.posts[-1] == ("Observation", payload)
+    assert grade_now(case, tools.trajectory, sandbox.base).correct
+    assert tools.trajectory.calls[-1].payload == payload and sandbox.posts == []  # accepted, never sent
 
     gw = ScriptedGateway(['<reasoning>x</reasoning><tool>{"name": "get_patient", "arguments": {}}</tool>'] * 3)
     with pytest.raises(CaseFailure, match="no FINISH"):
@@ -103,13 +104,13 @@ def test_sim_agent_runs_every_offline_task_and_grades_it(env):
     sandbox, functions, cases = env
     results = Counter()
     for case in cases.values():
-        tools = FhirTools(functions, sandbox.base, send_posts=True)
-        sim_fhir_agent(case.view(), tools)
+        tools = FhirTools(functions, sandbox.base)
+        asyncio.run(sim_fhir_agent(case.view(), tools))
         if case.task_type in OFFLINE_TASK_TYPES:
-            results[case.task_type] += grade(case, tools.trajectory, sandbox.base).correct
+            results[case.task_type] += grade_now(case, tools.trajectory, sandbox.base).correct
         else:
             with pytest.raises(NeedsFullServer):
-                grade(case, tools.trajectory, sandbox.base)
+                grade_now(case, tools.trajectory, sandbox.base)
     assert results == {1: 30, 2: 30, 3: 30, 8: 30}
 
 

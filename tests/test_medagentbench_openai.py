@@ -12,8 +12,7 @@ from click.testing import CliRunner
 from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
 from fake_openai_server import FakeOpenAI
 from grandrounds.cli import main
-from grandrounds.handlers.agent.fhir_official import parse_action
-from grandrounds.handlers.environments.medagentbench import FhirTools, load_functions
+from grandrounds.handlers.environments.medagentbench import FhirTools, load_functions, parse_action
 from llm_helpers import SECRET
 from grandrounds.store.eventstore import EventStore
 
@@ -28,7 +27,7 @@ SCRIPTS = {
     "Peter Stafford": ["GET {base}Patient?given=Peter&family=Stafford&birthdate=1932-12-29",
                        'FINISH(["S6534835"])'],
     # task3_1: record the blood pressure 118/77 mmHg for S2380121
-    "S2380121": ["```\nPOST {base}Observation\n" + json.dumps(BP_PAYLOAD) + "\n```", "FINISH([])"],
+    "S2380121": ["POST {base}Observation\n" + json.dumps(BP_PAYLOAD), "FINISH([])"],
 }
 
 
@@ -57,22 +56,26 @@ def _cli(args, env=None):
 
 
 def test_parse_action_follows_the_official_harness():
-    a = parse_action("Let me look.\nGET http://h/fhir/Patient?identifier=S1")
+    assert parse_action("Let me look.\nGET http://h/fhir/Patient?identifier=S1").kind == "invalid"  # prose first
+    a = parse_action("GET http://h/fhir/Patient?identifier=S1")
     assert (a.kind, a.url) == ("get", "http://h/fhir/Patient?identifier=S1")
     a = parse_action('```tool_code\nPOST http://h/fhir/Observation\n{"resourceType": "Observation"}\n```')
     assert (a.kind, a.url, a.payload) == ("post", "http://h/fhir/Observation", {"resourceType": "Observation"})
     assert parse_action("POST http://h/fhir/Observation\n{oops").payload_error
-    assert parse_action('FINISH(["S1", [1, (2)]]) trailing').result == '["S1", [1, (2)]]'
+    assert parse_action("POST http://h/fhir/Observation\n[1, 2]").payload == [1, 2]  # any JSON
+    assert parse_action('FINISH(["S1", [1, (2)]])').result == '["S1", [1, (2)]]'
+    assert parse_action('FINISH(["S1"]) trailing').result == '["S1"]) trailin'  # reply[len('FINISH('):-1]
     assert parse_action("The answer is S1").kind == "invalid"
 
 
 @needs_medagentbench
-def test_urls_outside_the_fhir_base_are_refused():
+async def test_urls_outside_the_fhir_base_are_not_fetched():
     tools = FhirTools(load_functions(FUNCS), "http://127.0.0.1:9/fhir/", public_base="http://localhost:8080/fhir")
-    assert "only URLs under" in tools.get_url("http://example.org/secret")
-    assert tools.post_url("http://localhost:8080/fhir/../admin", {"a": 1}) == "Invalid POST request"
-    assert "only URLs under http://localhost:8080/fhir/" in tools.get_url("http://127.0.0.1:9/fhir/Patient")
-    assert [c.accepted for c in tools.trajectory.calls] == [False, False, False]
+    assert "only URLs under" in await tools.get_url("http://example.org/secret")
+    assert "only URLs under http://localhost:8080/fhir/" in await tools.get_url("http://127.0.0.1:9/fhir/Patient")
+    # a POST is never sent (as officially): any JSON payload is accepted, whatever the URL
+    assert tools.post_url("http://localhost:8080/fhir/../admin", {"a": 1}).startswith("POST request accepted")
+    assert [c.accepted for c in tools.trajectory.calls] == [False, False, True]
 
 
 @needs_medagentbench

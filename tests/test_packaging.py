@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPED = {"grandrounds": "grandrounds", "store": "grandrounds.store", "handlers": "grandrounds.handlers",
-          "streams": "grandrounds.streams", "replay": "grandrounds.replay"}
+          "streams": "grandrounds.streams", "replay": "grandrounds.replay", "sandbox": "grandrounds.sandbox"}
 OLD_TOP_LEVEL = {"store", "handlers", "streams", "replay"}
 
 

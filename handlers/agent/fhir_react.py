@@ -120,7 +120,7 @@ async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirToo
             steps.append(AgentStep(kind="response", content=turn.answer))
             return AnswerGiven(answer=turn.answer, source="llm", steps=steps)
         if turn.kind == "tool":
-            observation = tools.call(turn.tool, turn.arguments)
+            observation = await tools.call(turn.tool, turn.arguments)
             steps.append(AgentStep(kind="tool", content=json.dumps({"name": turn.tool, "arguments": turn.arguments},
                                                                    sort_keys=True)))
             finding = not observation.startswith(("Error", "Invalid"))
@@ -140,7 +140,7 @@ _NAME_DOB = re.compile(r"name (.+?) and DOB of (\d{4}-\d{2}-\d{2})")
 _BP = re.compile(r'"(\d+/\d+ mmHg)"')
 
 
-def sim_fhir_agent(view: FhirCaseView, tools: FhirTools, step_memory: StepMemory | None = None) -> AnswerGiven:
+async def sim_fhir_agent(view: FhirCaseView, tools: FhirTools, step_memory: StepMemory | None = None) -> AnswerGiven:
     """A scripted, deterministic agent that follows the official task templates: it solves task types
     1, 2, 3 and 8 through the FHIR functions (so the whole path runs offline) and answers the lab tasks
     from whatever the server returns (the sandbox has no labs, so those come back as [-1] / no order).
@@ -151,9 +151,9 @@ def sim_fhir_agent(view: FhirCaseView, tools: FhirTools, step_memory: StepMemory
         shown = step_memory(agent_state(view.question, []))
         steps.append(AgentStep(kind="memory", content=",".join(i.item_id for i in shown)))
 
-    def call(name: str, args: dict) -> str:
+    async def call(name: str, args: dict) -> str:
         steps.append(AgentStep(kind="tool", content=json.dumps({"name": name, "arguments": args}, sort_keys=True)))
-        out = tools.call(name, args)
+        out = await tools.call(name, args)
         steps.append(AgentStep(kind="observation", content=out[:2000]))
         return out
 
@@ -169,13 +169,13 @@ def sim_fhir_agent(view: FhirCaseView, tools: FhirTools, step_memory: StepMemory
     t = view.task_type
     if t == 1 and (m := _NAME_DOB.search(q)):
         given, _, family = m.group(1).rpartition(" ")
-        found = entries(call("get_patient", {"given": given or family, "family": family, "birthdate": m.group(2)}))
+        found = entries(await call("get_patient", {"given": given or family, "family": family, "birthdate": m.group(2)}))
         result = json.dumps([found[0]["id"]] if found else ["Patient not found"])
     elif t == 2 and mrn:
-        found = entries(call("get_patient", {"identifier": mrn}))
+        found = entries(await call("get_patient", {"identifier": mrn}))
         result = json.dumps([calculate_age(datetime.strptime(found[0]["birthDate"], "%Y-%m-%d"))] if found else [])
     elif t == 3 and mrn and (bp := _BP.search(q)):
-        call("post_observation", {
+        await call("post_observation", {
             "resourceType": "Observation",
             "category": [{"coding": [{"system": "http://hl7.org/fhir/observation-category", "code": "vital-signs",
                                       "display": "Vital Signs"}]}],
@@ -183,7 +183,7 @@ def sim_fhir_agent(view: FhirCaseView, tools: FhirTools, step_memory: StepMemory
             "subject": {"reference": f"Patient/{mrn}"}})
         result = "[]"
     elif t == 8 and mrn:
-        call("post_servicerequest", {
+        await call("post_servicerequest", {
             "resourceType": "ServiceRequest",
             "code": {"coding": [{"system": "http://snomed.info/sct", "code": "306181000000106",
                                  "display": "Orthopedic surgery referral"}]},
@@ -193,7 +193,7 @@ def sim_fhir_agent(view: FhirCaseView, tools: FhirTools, step_memory: StepMemory
     else:
         code = re.search(r'code for \w+ is "(\w+)"', view.context or "")
         if mrn and code:
-            call("get_observation_labs", {"patient": mrn, "code": code.group(1)})
+            await call("get_observation_labs", {"patient": mrn, "code": code.group(1)})
         result = "[-1]"
     steps.append(AgentStep(kind="response", content=result))
     tools.finish(result)

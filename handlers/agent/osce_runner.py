@@ -15,7 +15,6 @@ from grandrounds.handlers.agent.osce_dialogue import DialogueResult, LLMDoctor, 
 from grandrounds.handlers.environments.agentclinic_osce import LLMPatient, MeasurementTool, OsceCase, RulePatient
 from grandrounds.handlers.environments.osce_grading import Judgement, judge
 from grandrounds.handlers.llm.runlog import RunLog
-from grandrounds.replay.task_metrics import TaskRecord, er, osr, sr, tc, tokens_per_correct
 
 
 @dataclass(frozen=True)
@@ -80,21 +79,3 @@ async def run_osce_cases(cases: list[OsceCase], max_turns: int, gateway=None, lo
             on_case(result)
     return out
 
-
-def osce_metrics(results: list[OsceResult], with_tokens: bool) -> dict:
-    """SELSM §2.5 quantities over the cases (replay/task_metrics.py): completion = a diagnosis was
-    given; turns = doctor turns; tool calls = tests requested; timeout = no diagnosis within the
-    budget; invalid = a model was unreachable. T_min is 1 (a diagnosis on the first turn)."""
-    records = [TaskRecord(case_id=r.case_id, task_class=None, completed=r.status == "diagnosed",
-                          success=r.status == "diagnosed" and r.correct, turns=r.turns,
-                          tool_calls=len(r.tests_requested), timeout=r.status == "no_diagnosis",
-                          invalid=r.status == "failed", fallback=False, tokens=r.tokens, act_tokens=r.doctor_tokens)
-               for r in results]
-    n = len(records) or 1
-    return {"tc": tc(records), "sr": sr(records), "osr": osr(records), "er": er(records),
-            "tokens_per_correct_task": tokens_per_correct(records) if with_tokens else None,
-            "doctor_tokens_per_correct_task": tokens_per_correct(records, act_only=True) if with_tokens else None,
-            "avg_turns": round(sum(r.turns for r in records) / n, 3),
-            "avg_tests": round(sum(r.tool_calls for r in records) / n, 3),
-            "judged_by_llm": sum(r.judge == "llm" for r in results),
-            "judged_by_string_match": sum(r.judge == "string-match" for r in results)}

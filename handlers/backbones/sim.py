@@ -126,7 +126,7 @@ class SimBackbone:
         (per-step retrieval, SELSM's, is called and recorded; the script does not follow it)."""
         from grandrounds.handlers.agent.fhir_react import sim_fhir_agent
 
-        return sim_fhir_agent(view, tools, step_memory)
+        return await sim_fhir_agent(view, tools, step_memory)
 
     async def act_osce(self, view, memory: MemoryRetrieved, tools, step_memory=None) -> AnswerGiven:
         """An AgentClinic OSCE case through the environment's patient and measurement tool (`OsceTools`):

@@ -96,7 +96,7 @@ class Environment(Protocol):
         environment executed, free of anything machine-specific (ports)."""
         ...
 
-    def grade(self, case: Any, answer: AnswerGiven) -> tuple[bool, str]:
+    async def grade(self, case: Any, answer: AnswerGiven) -> tuple[bool, str]:
         """(correct, gold description) from the recorded answer alone."""
         ...
 

@@ -147,7 +147,7 @@ class SelsmMemory(MemoryPolicy):
             decisions = decisions_of(case.question, ans.steps)
             gold = ""
             if fhir:  # graded by the environment: the act stage's verdict, or the sample's own
-                correct, gold = (fb.correct, fb.gold) if sample == 0 else ctx.environment.grade(case, ans)
+                correct, gold = (fb.correct, fb.gold) if sample == 0 else await ctx.environment.grade(case, ans)
             else:
                 correct = ans.answer == case.answer
             verdict = await ask_or_fail(ctx, case.case_id, "reflect",

@@ -7,9 +7,10 @@ a real server's `fhir_base`). `open_environment` starts the sandbox for the run 
 The sandbox listens on a free port, so its real base changes from run to run. The agent is shown the
 official base (`http://localhost:8080/fhir/`, as `grandrounds medagentbench` does) and every call it
 makes is recorded in `answer.given` at that public base; feedback rebuilds the trajectory from those
-steps and maps it back to the real base to grade. So the events of a run are the same bytes whatever
-port the sandbox got, and grading reads only what the log holds (a case resumed after act grades the
-same).
+steps (and, for the official text protocol, the conversation: `reasoning` steps are the raw replies,
+`observation` steps the harness's answers) and grades it against the public base, reading the
+reference data from the server. So the events of a run are the same bytes whatever port the sandbox
+got, and grading reads only what the log holds (a case resumed after act grades the same).
 """
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ from typing import Iterator
 
 from grandrounds.handlers.cases import FhirCase
 from grandrounds.handlers.environments.base import EnvironmentRecord
-from grandrounds.handlers.environments.fhir_sandbox import FhirSandbox
-from grandrounds.handlers.environments.medagentbench import (FhirCall, FhirFunction, FhirTools, FhirTrajectory, NeedsFullServer,
-                                                 grade, load_functions, needs_full_server)
+from grandrounds.handlers.environments.medagentbench.client import FhirClient, FhirTransportError
+from grandrounds.handlers.environments.medagentbench.grading import Grade, grade, reference
+from grandrounds.handlers.environments.medagentbench.tasks import FhirFunction, NeedsFullServer, load_functions, needs_full_server
+from grandrounds.handlers.environments.medagentbench.tools import FhirTools
+from grandrounds.handlers.environments.medagentbench.trajectory import FhirCall, FhirTrajectory, Message
 from grandrounds.store.event_types import AgentStep, AnswerGiven
 
 OFFICIAL_BASE = "http://localhost:8080/fhir/"
 """The official harness's default api_base: the base the agent sees when the sandbox serves."""
+OFFICIAL_SOURCE = "llm:official"
+"""`answer.given.source` of an episode in the official text protocol (its steps hold the conversation)."""
 
 
 class TrajectoryMismatch(RuntimeError):
@@ -44,18 +49,15 @@ class MedAgentBenchEnvironment:
         self.full_server = record.fhir_base is not None
         self.public_base = (record.fhir_base or OFFICIAL_BASE).rstrip("/") + "/"
         """What the agent sees and the log records."""
+        self.client = FhirClient()
 
     # -- act ----------------------------------------------------------------------------------
 
     def tools_for(self, case: FhirCase) -> FhirTools:
-        # The sandbox takes POSTs (and answers 201); a real server is only read, as the benchmark does.
-        return FhirTools(self.functions, self.base, send_posts=not self.full_server, public_base=self.public_base)
+        return FhirTools(self.functions, self.base, public_base=self.public_base, client=self.client)
 
     def public(self, text: str) -> str:
         return text.replace(self.base, self.public_base) if self.base != self.public_base else text
-
-    def real(self, url: str) -> str:
-        return self.base + url[len(self.public_base):] if url.startswith(self.public_base) else url
 
     def call_record(self, call: FhirCall, name: str | None) -> str:
         """One executed call as a `tool` step: canonical JSON at the public base."""
@@ -88,21 +90,35 @@ class MedAgentBenchEnvironment:
     # -- feedback -----------------------------------------------------------------------------
 
     def trajectory_of(self, answer: AnswerGiven) -> FhirTrajectory:
-        """The trajectory as grading needs it, rebuilt from the recorded steps (at the real base)."""
+        """The trajectory as grading needs it, rebuilt from the recorded steps (at the public base)."""
         t = FhirTrajectory(result=answer.answer)
+        official = answer.source == OFFICIAL_SOURCE
+        if official:
+            t.history = []
         for s in answer.steps:
+            if official and s.kind == "reasoning":
+                t.history.append(Message("agent", s.content))
+            elif official and s.kind == "observation":
+                t.history.append(Message("user", s.content))
             if s.kind != "tool":
                 continue
             c = json.loads(s.content)
-            t.calls.append(FhirCall(c["method"], self.real(c["url"]), c.get("payload"), bool(c["accepted"])))
+            t.calls.append(FhirCall(c["method"], c["url"], c.get("payload"), bool(c["accepted"])))
         return t
 
-    def grade(self, case: FhirCase, answer: AnswerGiven) -> tuple[bool, str]:
-        """(correct, gold) by the official refsol rules; gold names the reference and the verdict's reason."""
+    async def grade_trajectory(self, case: FhirCase, trajectory: FhirTrajectory) -> Grade:
         if needs_full_server(case) and not self.full_server:
             raise NeedsFullServer(f"{case.case_id}: task type {case.task_type} is graded against the real "
                                   "MedAgentBench server only (--fhir-base)")
-        g = grade(case, self.trajectory_of(answer), self.base, full_server=self.full_server)
+        try:
+            data = await reference(case, self.base, self.client)
+        except (FhirTransportError, ValueError) as exc:  # refsol would raise on it: incorrect
+            return Grade(False, f"reference data unavailable: {self.public(str(exc))}")
+        return grade(case, trajectory, self.public_base, data, full_server=self.full_server)
+
+    async def grade(self, case: FhirCase, answer: AnswerGiven) -> tuple[bool, str]:
+        """(correct, gold) by the official refsol rules; gold names the reference and the verdict's reason."""
+        g = await self.grade_trajectory(case, self.trajectory_of(answer))
         return g.correct, f"{case.answer}: {self.public(g.reason)}"
 
 
@@ -118,5 +134,7 @@ def open_environment(record: EnvironmentRecord) -> Iterator[MedAgentBenchEnviron
         return
     if record.patients is None:
         raise ValueError("the local sandbox needs the patient snapshot (--patients)")
+    from grandrounds.sandbox.fhir_server import FhirSandbox
+
     with FhirSandbox.from_file(record.patients.path) as sandbox:
         yield build(record, sandbox.base)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grandrounds.env_run import EnvRunSetup
+from grandrounds.handlers.environments.run_setup import EnvRunSetup
 from grandrounds.handlers.cases import CaseFileError, FhirCase
 from grandrounds.handlers.environments.base import EnvironmentRecord, FileRef
 
@@ -27,7 +27,7 @@ SIM_NOTE = ("sim agent: scripted for the official MedAgentBench task templates, 
 
 
 def _open(record: EnvironmentRecord):
-    from grandrounds.handlers.environments.medagentbench_env import open_environment
+    from grandrounds.handlers.environments.medagentbench.environment import open_environment
 
     return open_environment(record)
 
@@ -136,7 +136,7 @@ def prepare_medagentbench(tasks: str, funcs: str | None, patients: str | None, f
     except (ValueError, KeyError, TypeError) as exc:
         raise CaseFileError(funcs, None, None, f"not a MedAgentBench function file ({exc})") from None
     if patients:
-        from grandrounds.handlers.environments.fhir_sandbox import load_patients
+        from grandrounds.sandbox.fhir_server import load_patients
 
         try:
             load_patients(patients)

@@ -9,7 +9,7 @@ can build the environment again).
 from __future__ import annotations
 
 
-from grandrounds.env_run import EnvRunSetup
+from grandrounds.handlers.environments.run_setup import EnvRunSetup
 from grandrounds.handlers.environments.osce_env import OsceEnvironmentRecord
 
 SUPPORTED_POLICIES = ("evo-medagent", "none")
