@@ -73,8 +73,11 @@ def outcome(message: str) -> dict:
 class FhirSandbox:
     """The snapshot behind a threaded HTTP server on 127.0.0.1; `posts` records accepted POSTs."""
 
-    def __init__(self, patients: list[dict], prefix: str = "/fhir/"):
+    def __init__(self, patients: list[dict], prefix: str = "/fhir/", base: str | None = None):
+        """`base`: the address answers name (fullUrl, self links) when it is not this server's own,
+        e.g. to compare with responses recorded from another server."""
         self.patients = patients
+        self._fixed_base = base
         self.by_id = {p["id"]: p for p in patients}
         self.prefix = prefix
         self.posts: list[tuple[str, dict]] = []
@@ -88,6 +91,8 @@ class FhirSandbox:
 
     @property
     def base(self) -> str:
+        if self._fixed_base is not None:
+            return self._fixed_base
         if self._server is None:
             raise RuntimeError("sandbox not started")
         return f"http://127.0.0.1:{self._server.server_address[1]}{self.prefix}"
