@@ -13,7 +13,7 @@ from grandrounds.replay.metrics import run_summary
 from grandrounds.store.embeddings import Embedder, EmbeddingCache, shared_minilm
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.vector_index import single_threaded_blas
-from grandrounds.streams.embedded import EmbeddedRunner
+from grandrounds.streams.embedded import CommitMode, EmbeddedRunner, GroupCommit
 
 
 @dataclass
@@ -40,9 +40,10 @@ def unique_run_id(store: EventStore, base: str, spec: RunSpec) -> str:
 
 
 def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: str | None = None,
-              cache: EmbeddingCache | None = None, commit: str = "case",
+              cache: EmbeddingCache | None = None, commit: CommitMode = "group",
               on_case: Callable[[int, bool], None] | None = None,
-              backbone_options: dict | None = None, seeded=None, environment=None) -> RunOutcome:
+              backbone_options: dict | None = None, seeded=None, environment=None,
+              group: GroupCommit = GroupCommit()) -> RunOutcome:
     """`backbone_options` go to `make_backbone` (endpoint, recorded exchanges, ...): they
     choose how the backbone is reached, not what the run is, so they are not in the spec.
     `environment`: a tool-task environment (FHIR cases) the caller opened for the run; the spec
@@ -52,7 +53,7 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
     meta = environment.record.meta() if environment is not None else None
     ctx, how = open_run(store, rid, spec, cache, seeded=seeded, started_meta=meta, **(backbone_options or {}))
     ctx.environment = environment
-    runner = EmbeddedRunner(ctx, commit=commit)  # type: ignore[arg-type]
+    runner = EmbeddedRunner(ctx, commit=commit, group=group)
 
     async def drive() -> int:
         try:

@@ -43,8 +43,14 @@ def main() -> None:
 @click.option("--broker", default="memory", show_default=True, help="memory (embedded) or kafka://HOST:PORT.")
 @click.option("--sim-tool", "sim_tools", multiple=True, metavar="NAME=RELIABILITY",
               help="Offer a simulated tool of fixed reliability (repeatable; sim backbone).")
-@click.option("--commit", type=click.Choice(["stage", "case"]), default="case", show_default=True,
-              help="One transaction per case (default) or per stage (a crash then loses at most one stage).")
+@click.option("--commit", type=click.Choice(["group", "case", "stage"]), default="group", show_default=True,
+              help="group: one transaction per --commit-every cases or --commit-ms ms, whichever comes first "
+                   "(a crash loses the uncommitted cases; the same command executes them again, to the same "
+                   "bytes). case: one per case. stage: one per stage (a crash loses at most one stage).")
+@click.option("--commit-every", default=64, show_default=True, type=click.IntRange(min=1), metavar="N",
+              help="--commit group: cases per transaction at most.")
+@click.option("--commit-ms", default=250.0, show_default=True, type=click.FloatRange(min=0), metavar="T",
+              help="--commit group: how long a finished case may wait for its transaction at most.")
 @click.option("--ablation", "ablations", multiple=True, metavar="SWITCH",
               help="Apply one of the policy's ablation switches (repeatable; `grandrounds policies` lists them).")
 @click.option("--memory-from", default=None, metavar="RUN",
@@ -70,7 +76,8 @@ def main() -> None:
               help="agentclinic: doctor turns per case (default 20, AgentClinic's).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, record_from, record_db, live_fallthrough, max_steps,
-        summary_every, seed, lag, broker, sim_tools, commit, ablations, memory_from, memory_db, keep_learning,
+        summary_every, seed, lag, broker, sim_tools, commit, commit_every, commit_ms, ablations, memory_from, memory_db,
+        keep_learning,
         env, funcs, patients, fhir_base, task_types, limit, max_turns, as_json):
     """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern.
 
@@ -136,6 +143,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
         fail(str(exc.message if isinstance(exc, click.BadParameter) else exc), 2, as_json)
 
     from grandrounds.app import run_cases
+    from grandrounds.streams.embedded import GroupCommit
     from grandrounds.handlers.llm.errors import ReplayDivergence
     from grandrounds.store.eventstore import EventStore, StoreError
 
@@ -167,6 +175,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
             try:
                 with setup.environment() if setup else nullcontext() as environment:  # sandbox: up for the run
                     outcome = run_cases(store, cases, run_spec, run_id=run_id, commit=commit, on_case=on_case,
+                                        group=GroupCommit(cases=commit_every, ms=commit_ms),
                                         backbone_options=choice.options, seeded=seeded[1] if seeded else None,
                                         environment=environment)
             finally:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from grandrounds.handlers.cases import Case
-from grandrounds.handlers.pipeline import process_case
 from grandrounds.handlers.runs import RunSpec, open_run
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.eventstore import EventStore
@@ -34,7 +33,7 @@ from grandrounds.store.event_types import MemorySeeded
 from grandrounds.store.events import StoredEvent
 from grandrounds.store.projection import MemoryProjection, save_checkpoint
 from grandrounds.store.vector_index import single_threaded_blas
-from grandrounds.streams.embedded import EmbeddedRunner
+from grandrounds.streams.embedded import EmbeddedRunner, GroupCommit
 
 FLUSH_EVERY = 500
 cache_embedder = shared_minilm  # the embedder replays use; the model loads only on a cache miss
@@ -67,12 +66,12 @@ def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec
             seeded: MemorySeeded | None = None, environment=None) -> tuple[MemoryProjection, int]:
     """Create or resume `run_id` in `store` and process every case not yet completed.
 
-    Into a scratch store, events are appended every `flush_every` cases: nothing reads the
-    scratch log while the run executes (the stages read the live projection), seqs are
-    assigned at emit time, so the events are the same bytes as with a commit per stage,
-    and a DuckDB transaction per case would cost more than the handlers themselves. A run
-    interrupted in the middle of a case is finished by the embedded runner, which knows
-    how to resume a case from its recorded stages. `environment`: the tool-task environment
+    Into a scratch store, events are appended every `flush_every` cases (the embedded runner's
+    group commit): nothing reads the scratch log while the run executes (the stages read the
+    live projection), seqs are assigned at emit time, so the events are the same bytes as with
+    a commit per stage, and a DuckDB transaction per case would cost more than the handlers
+    themselves. A run interrupted in the middle of a case is finished by the embedded runner,
+    which knows how to resume a case from its recorded stages. `environment`: the tool-task environment
     FHIR cases need (opened by the caller, as `grandrounds run` does).
     """
     # A tool-task run records its environment in the `run.started` meta, as `grandrounds run` does, so
@@ -82,20 +81,14 @@ def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec
                       started_meta=record.meta() if record is not None else None, **(backbone_options or {}))
     ctx.environment = environment
 
+    # Group commit into the scratch store, by count only: nothing reads the scratch log while the
+    # run executes, and the whole run is imported into the target at the end anyway.
+    runner = EmbeddedRunner(ctx, commit="group", checkpoint_every=0, final_checkpoint=False,
+                            group=GroupCommit(cases=flush_every or 2**62, ms=float("inf")))
+
     async def drive() -> int:
         try:
-            state = ctx.projection.state
-            if state.cases_received > state.cases_completed:
-                return await EmbeddedRunner(ctx, commit="case", checkpoint_every=0).run(cases)
-            start = state.cases_completed
-            if start > len(cases):
-                raise ValueError(f"run {run_id!r} has {start} completed cases, more than the {len(cases)} given")
-            for index in range(start, len(cases)):
-                await process_case(ctx, cases[index], index)
-                if flush_every and (index + 1 - start) % flush_every == 0:
-                    ctx.writer.flush()
-            ctx.writer.flush()
-            return len(cases) - start
+            return await runner.run(cases)
         finally:
             close = getattr(ctx.backbone, "aclose", None)
             if close is not None:
