@@ -20,7 +20,7 @@ def build_params(model: str, port: int, threads: int, n_ctx: int, alias: str):
 
     p = xllamacpp.CommonParams()
     p.model.path = model
-    p.model_alias = alias
+    p.model_alias = {alias}  # a set of names in this binding (a str would become a set of its letters)
     p.hostnames = ["127.0.0.1"]
     p.port = port
     p.n_ctx = n_ctx

@@ -17,7 +17,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def local_model():
-    from grandrounds.local_model import LocalModelServer, model_path, unavailable_reason
+    from grandrounds.local_model import THREADS, LocalModelServer, model_path, unavailable_reason
 
     reason = unavailable_reason()
     if reason:
@@ -25,7 +25,10 @@ def local_model():
             pytest.fail(f"GRANDROUNDS_REQUIRE_LOCAL_MODEL=1 but {reason}")
         pytest.skip(reason)
     log = Path(tempfile.gettempdir()) / f"grandrounds-local-model-{os.getpid()}.log"
-    server = LocalModelServer(model_path(), log_file=log).start()
+    # GRANDROUNDS_MODEL_THREADS: on a machine whose cores are already busy, 1 thread generates far faster
+    # than 2 (llama.cpp's threads wait on each other at every step; measured 3.4 vs 0.1-0.3 tokens/s).
+    threads = int(os.environ.get("GRANDROUNDS_MODEL_THREADS", THREADS))
+    server = LocalModelServer(model_path(), threads=threads, log_file=log).start()
     try:
         yield server
     finally:
