@@ -81,7 +81,7 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
         elif environment is not None:
             from grandrounds.handlers.environments.medagentbench.run import fhir_task_class
 
-            # the shortest FHIR episode is two turns: one call, then FINISH
+            # T_min per task: `feedback.recorded.min_rounds` (refsol's branch); 2 where a task has none
             summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES), t_min=2, classify=fhir_task_class)
         else:
             summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES))

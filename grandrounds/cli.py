@@ -70,6 +70,12 @@ def main() -> None:
               help="medagentbench: a real MedAgentBench FHIR server instead of the sandbox (grades every task type).")
 @click.option("--task-type", "task_types", multiple=True, type=click.IntRange(1, 10),
               help="medagentbench: only these task types (repeatable; sandbox default 1, 2, 3, 8).")
+@click.option("--protocol", "fhir_protocol", type=click.Choice(["official", "react"]), default=None,
+              help="medagentbench: how a model agent acts: official (MedAgentBench's GET/POST/FINISH text protocol "
+                   "and prompt, 8 rounds, memory before the prompt; the default) or react (the SkeMex-style tool-call "
+                   "loop, --max-steps).")
+@click.option("--max-rounds", default=None, type=click.IntRange(min=1),
+              help="medagentbench, official protocol: replies per task (default 8, the official configuration).")
 @click.option("--limit", default=None, type=click.IntRange(min=1),
               help="medagentbench / agentclinic: only the first N tasks or cases (after --task-type).")
 @click.option("--max-turns", default=None, type=click.IntRange(min=1),
@@ -78,7 +84,7 @@ def main() -> None:
 def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, record_from, record_db, live_fallthrough, max_steps,
         summary_every, seed, lag, broker, sim_tools, commit, commit_every, commit_ms, ablations, memory_from, memory_db,
         keep_learning,
-        env, funcs, patients, fhir_base, task_types, limit, max_turns, as_json):
+        env, funcs, patients, fhir_base, task_types, fhir_protocol, max_rounds, limit, max_turns, as_json):
     """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern.
 
     With --env medagentbench, TASKS.json holds MedAgentBench FHIR tasks: a local FHIR sandbox serving
@@ -98,7 +104,8 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
         pol = with_ablations(load_policy(policy), list(ablations))
         if env == "medagentbench":
             setup = prepare_medagentbench(cases_file, funcs, patients, fhir_base, tuple(task_types), limit,
-                                          pol.name, tuple(sim_tools), broker)
+                                          pol.name, tuple(sim_tools), broker, fhir_protocol or "official",
+                                          max_rounds)
             cases, source = setup.cases, setup.source
         elif env == "agentclinic":
             from grandrounds.handlers.environments.osce_run import prepare_agentclinic
@@ -106,7 +113,9 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
             setup = prepare_agentclinic(cases_file, max_turns, limit, pol.name, tuple(sim_tools), broker,
                                         mab_options_given(funcs, patients, fhir_base, task_types, None))
             cases, source = setup.cases, setup.source
-        else:
+        if env != "medagentbench" and (fhir_protocol or max_rounds):
+            raise ValueError("--protocol, --max-rounds: only with --env medagentbench (MedAgentBench FHIR tasks)")
+        if env not in ("medagentbench", "agentclinic"):
             if max_turns is not None:
                 raise ValueError("--max-turns: only with --env agentclinic (AgentClinic OSCE cases)")
             given = mab_options_given(funcs, patients, fhir_base, task_types, limit)

@@ -36,7 +36,7 @@ async def act(ctx: RunContext, view: CaseView | FhirCaseView, memory: MemoryRetr
     try:
         answer = await ctx.backbone.act(view, memory, toolbox, rng, **extra)
     except CaseFailure as exc:
-        failed = CaseFailed(stage="act", reason=exc.reason, steps=exc.steps)
+        failed = CaseFailed(stage="act", reason=exc.reason, steps=exc.steps, termination=exc.termination)
         ctx.writer.emit(failed, case_id=view.case_id)
         return failed
     if answer.answer not in view.options:
@@ -60,7 +60,7 @@ async def act_fhir(ctx: RunContext, view: FhirCaseView, memory: MemoryRetrieved,
         answer = await act_on(view, memory, tools, **extra)
     except CaseFailure as exc:
         failed = CaseFailed(stage="act", reason=env.public(exc.reason),
-                            steps=env.recorded_steps(exc.steps, tools))
+                            steps=env.recorded_steps(exc.steps, tools), termination=exc.termination)
         ctx.writer.emit(failed, case_id=view.case_id)
         return failed
     answer = answer.model_copy(update={"steps": env.recorded_steps(answer.steps, tools)})
@@ -82,7 +82,7 @@ async def act_osce(ctx: RunContext, view, memory: MemoryRetrieved, tools) -> Ans
     try:
         answer = await act_on(view, memory, tools, **extra)
     except CaseFailure as exc:
-        failed = CaseFailed(stage="act", reason=exc.reason, steps=exc.steps)
+        failed = CaseFailed(stage="act", reason=exc.reason, steps=exc.steps, termination=exc.termination)
         ctx.writer.emit(failed, case_id=view.case_id)
         return failed
     ctx.writer.emit(answer, case_id=view.case_id)

@@ -31,10 +31,15 @@ async def feedback_fhir(ctx: RunContext, case: FhirCase, memory: MemoryRetrieved
                         answer: AnswerGiven) -> FeedbackRecorded:
     from grandrounds.handlers.environments.base import require_environment
 
-    correct, gold = await require_environment(ctx, case).grade(case, answer)
+    env = require_environment(ctx, case)
+    verdict = getattr(env, "verdict", None)
+    if verdict is not None:  # MedAgentBench: the grade with the reference solution's rounds
+        correct, gold, min_rounds = await verdict(case, answer)
+    else:
+        (correct, gold), min_rounds = await env.grade(case, answer), None
     rule_outcomes, tool_outcomes = ctx.mechanism.outcomes(ctx, case, memory, answer, correct)
     result = FeedbackRecorded(answer=answer.answer, gold=gold, correct=correct,
-                              rule_outcomes=rule_outcomes, tool_outcomes=tool_outcomes)
+                              rule_outcomes=rule_outcomes, tool_outcomes=tool_outcomes, min_rounds=min_rounds)
     ctx.writer.emit(result, case_id=case.case_id)
     return result
 

@@ -18,12 +18,15 @@ Pure functions: they take events (anything with `.type`, `.case_id` and a `.payl
 - T_min: 1 for MCQ (a `<response>` on the first turn); a parameter for tasks whose minimum
   interaction cycle is longer.
 - invalid(dᵢ), timeout(dᵢ) for ER: SELSM counts tasks ended by an invalid action and tasks that
-  hit the interaction limit. Our loop never ends on an invalid action (it answers with a
-  corrective observation; the final step forbids tools and falls back to aligning untagged
-  text), so: timeout = act `case.failed` "no valid answer after N steps" (the budget ran out
-  with the final output still unusable); invalid = any other act `case.failed` (model
-  unreachable after retries, auth error, a failed RetroSum summary: aborted by an error rather
-  than by the budget). Every act failure is one of the two, so here ER = TC/100.
+  hit the interaction limit. Read from the act `case.failed`'s typed `termination`:
+  `invalid_action` (the official MedAgentBench protocol ends on a reply that starts with no
+  action; our ReAct loops never do: they answer with a corrective observation), `turn_limit` (the
+  budget ran out: MCQ, FHIR and OSCE loops) and `error` (a model unreachable after retries, a
+  failed summary), which is neither and so not counted against ER (`errors`). Logs from before
+  the field fall back to the reason's text.
+- T_min for OSR: 1 for MCQ; a FHIR task's own (`feedback.recorded.min_rounds`: the reference
+  solution's rounds for the task's data: its reads, the POSTs it requires, then FINISH).
+- Turns: `reasoning` steps; AgentClinic dialogues record doctor turns as `tool`/`response` steps.
 - cᵢ (tokens): prompt + completion tokens of the case's successful `llm.exchange`s, all stages
   (act, RetroSum, reflect); failed attempts carry no usage. `act_tokens_per_correct_task`
   counts the act stage only (the agent's episode proper, as in SELSM).
@@ -43,7 +46,7 @@ from typing import Any, Callable, Iterable, Literal, Protocol
 
 TaskClass = Literal["query", "action"]
 
-EVENT_TYPES = ("case.received", "answer.given", "case.failed", "case.completed", "llm.exchange")
+EVENT_TYPES = ("case.received", "answer.given", "case.failed", "case.completed", "llm.exchange", "feedback.recorded")
 """What the metrics read: pass `types=EVENT_TYPES` to `EventStore.iter` to read no more."""
 
 
@@ -87,7 +90,7 @@ def task_records(events: Iterable[EventLike],
 
     def row(cid: str) -> dict[str, Any]:
         return acc.setdefault(cid, {"cls": None, "answer": None, "failed": None, "correct": False,
-                                    "tokens": 0, "act_tokens": 0})
+                                    "tokens": 0, "act_tokens": 0, "t_min": None})
 
     for e in events:
         if e.case_id is None:
@@ -102,6 +105,8 @@ def task_records(events: Iterable[EventLike],
             row(e.case_id)["failed"] = p
         elif e.type == "case.completed":
             row(e.case_id)["correct"] = bool(p["correct"])
+        elif e.type == "feedback.recorded" and p.get("min_rounds") is not None:
+            row(e.case_id)["t_min"] = int(p["min_rounds"])
         elif e.type == "llm.exchange" and p.get("outcome") == "ok":
             usage = p.get("usage") or {}
             n = int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
@@ -115,14 +120,32 @@ def task_records(events: Iterable[EventLike],
         answer, failed = r["answer"], r["failed"]
         steps = (answer or failed or {}).get("steps", [])
         completed = answer is not None and failed is None
-        timeout = failed is not None and failed["reason"].startswith("no valid answer")
+        ending = termination(failed) if failed is not None else None
         out.append(TaskRecord(
             case_id=cid, task_class=r["cls"], completed=completed, success=completed and r["correct"],
-            turns=sum(s["kind"] == "reasoning" for s in steps), tool_calls=sum(s["kind"] == "tool" for s in steps),
-            timeout=timeout, invalid=failed is not None and not timeout,
+            turns=turns_of(steps), tool_calls=sum(s["kind"] == "tool" for s in steps),
+            timeout=ending == "turn_limit", invalid=ending == "invalid_action",
             fallback=answer is not None and answer.get("source") == "llm:fallback",
-            tokens=r["tokens"], act_tokens=r["act_tokens"]))
+            tokens=r["tokens"], act_tokens=r["act_tokens"], error=ending == "error", t_min=r["t_min"]))
     return out
+
+
+_LIMIT_REASONS = ("no valid answer", "no FINISH", "no_diagnosis")
+
+
+def termination(failed: dict[str, Any]) -> str:
+    """Why an act `case.failed` ended the episode: its typed `termination`; logs written before the
+    field existed fall back to the reason's text (the turn-limit messages; anything else an error)."""
+    if failed.get("termination"):
+        return failed["termination"]
+    return "turn_limit" if failed["reason"].startswith(_LIMIT_REASONS) else "error"
+
+
+def turns_of(steps: list[dict[str, Any]]) -> int:
+    """Model turns: one `reasoning` step per turn where the loop records them (MCQ, FHIR); a dialogue
+    (AgentClinic) records each doctor turn as a `tool` step (question or test) or the final `response`."""
+    n = sum(s["kind"] == "reasoning" for s in steps)
+    return n if n else sum(s["kind"] in ("tool", "response") for s in steps)
 
 
 def _pct(hits: int, n: int) -> float | None:
@@ -186,6 +209,7 @@ def task_metrics(events: Iterable[EventLike], t_min: int = 1,
         "t_min": t_min, "er": er(records),
         "r_inv": round(sum(r.invalid for r in records) / n, 6) if n else None,
         "r_lim": round(sum(r.timeout for r in records) / n, 6) if n else None,
+        "errors": sum(r.error for r in records),
         "qab": qab(q, a),
         "tokens_per_correct_task": tokens_per_correct(records),
         "act_tokens_per_correct_task": tokens_per_correct(records, act_only=True),
@@ -203,7 +227,8 @@ def osce_metrics(results: list, with_tokens: bool) -> dict:
     records = [TaskRecord(case_id=r.case_id, task_class=None, completed=r.status == "diagnosed",
                           success=r.status == "diagnosed" and r.correct, turns=r.turns,
                           tool_calls=len(r.tests_requested), timeout=r.status == "no_diagnosis",
-                          invalid=r.status == "failed", fallback=False, tokens=r.tokens, act_tokens=r.doctor_tokens)
+                          invalid=False, fallback=False, tokens=r.tokens, act_tokens=r.doctor_tokens,
+                          error=r.status == "failed")
                for r in results]
     n = len(records) or 1
     return {"tc": tc(records), "sr": sr(records), "osr": osr(records), "er": er(records),

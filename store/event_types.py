@@ -173,13 +173,18 @@ class ToolOutcome(_Part):
 
 
 @event("feedback.recorded", version=2)
-class FeedbackRecorded(EventPayload):
+class FeedbackRecorded(GrowingPayload):
     carries_memory: ClassVar[bool] = True
     answer: str
     gold: str
     correct: bool
     rule_outcomes: list[RuleOutcome] = Field(default_factory=list)
     tool_outcomes: list[ToolOutcome] = Field(default_factory=list)
+    min_rounds: int | None = None
+    """Tool tasks: the fewest agent turns that solve this task by its reference solution (MedAgentBench:
+    refsol's branch for the task's data), OSR's T_min. Left out while None (MCQ, older logs)."""
+
+    omit_if_default: ClassVar[frozenset[str]] = frozenset({"min_rounds"})
 
 
 @upcaster("feedback.recorded", from_version=1)

@@ -11,12 +11,12 @@ The API key and the endpoint URL are never part of a payload.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from grandrounds.store.event_types import AgentStep
-from grandrounds.store.events import EventPayload, event
+from grandrounds.store.events import EventPayload, GrowingPayload, event
 
 
 class LLMMessage(BaseModel):
@@ -60,7 +60,7 @@ class LLMExchange(EventPayload):
 
 
 @event("case.failed")
-class CaseFailed(EventPayload):
+class CaseFailed(GrowingPayload):
     """A stage could not produce its result (model unreachable, output unusable to the end).
 
     stage `act`: no answer was recorded; the case counts as incorrect, and feedback, reflection
@@ -72,3 +72,9 @@ class CaseFailed(EventPayload):
     reason: str
     steps: list[AgentStep] = Field(default_factory=list)
     """The trajectory up to the failure (act), so the record stays complete."""
+    termination: Literal["invalid_action", "turn_limit", "error"] | None = None
+    """act: why the episode ended without an answer, typed (metrics count from it). Left out of the
+    payload while None: logs written before it keep their bytes, and their metrics fall back to
+    the reason's text."""
+
+    omit_if_default: ClassVar[frozenset[str]] = frozenset({"termination"})

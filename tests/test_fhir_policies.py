@@ -145,7 +145,7 @@ def test_selsm_per_step_guidance_reaches_the_fhir_agent_and_the_record_backend_r
     env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
     args = ["--policy", str(policy), "--task-type", "1", "--limit", "2"]
     with SelsmFhirFake() as server:
-        code, out = run_fhir(TASKS, db, *args, "--backbone", "openai", "--model", "fake-fhir",
+        code, out = run_fhir(TASKS, db, *args, "--protocol", "react", "--backbone", "openai", "--model", "fake-fhir",
                          "--base-url", server.base_url, "--run-id", "sf", env=env)
     assert code == 0, out
     assert out["correct"] == 2 and out["llm"]["calls"] == 6  # per task: lookup, FINISH, the judge
@@ -164,5 +164,5 @@ def test_selsm_per_step_guidance_reaches_the_fhir_agent_and_the_record_backend_r
     assert len(memory_steps) == 2 and all(c.startswith("rec-00000.0.") for c in memory_steps)
     assert [s["content"] for s in answers["mab-task1_1"]["steps"] if s["kind"] == "memory"] == ["", ""]
 
-    code, rec = run_fhir(TASKS, db, *args, "--backbone", "record", "--record-from", "sf", env=env)
+    code, rec = run_fhir(TASKS, db, *args, "--protocol", "react", "--backbone", "record", "--record-from", "sf", env=env)
     assert code == 0 and rec["fingerprint"] == out["fingerprint"], rec

@@ -151,7 +151,7 @@ def test_model_fhir_run_replays_from_its_record(tmp_path):
     db = tmp_path / "model.duckdb"
     env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
     with FhirFake() as server:
-        code, out = run_fhir(TASKS, db, "--backbone", "openai", "--model", "fake-fhir", "--base-url", server.base_url,
+        code, out = run_fhir(TASKS, db, "--protocol", "react", "--backbone", "openai", "--model", "fake-fhir", "--base-url", server.base_url,
                          "--task-type", "1", "--limit", "2", "--run-id", "m1", env=env)
         assert code == 0 and out["correct"] == 2, out
         calls = len(server.requests)

@@ -146,7 +146,7 @@ def test_openai_backbone_acts_and_reflects_and_the_record_backend_reserves_it(tm
     db = tmp_path / "model.duckdb"
     env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
     with FhirFake() as server:
-        code, out = run_fhir(TASKS, db, "--backbone", "openai", "--model", "fake-fhir", "--base-url", server.base_url,
+        code, out = run_fhir(TASKS, db, "--protocol", "react", "--backbone", "openai", "--model", "fake-fhir", "--base-url", server.base_url,
                          "--task-type", "1", "--limit", "2", "--run-id", "m1", env=env)
     assert code == 0, out
     assert out["backbone"] == "openai" and out["correct"] == 2 and out["memory"]["rules"] == 1
@@ -161,7 +161,7 @@ def test_openai_backbone_acts_and_reflects_and_the_record_backend_reserves_it(tm
         types = [e.type for e in s.read("m1")]
     assert types.count("llm.exchange") == 6 and "rule.added" in types
 
-    code, rec = run_fhir(TASKS, db, "--backbone", "record", "--record-from", "m1", "--task-type", "1", "--limit", "2",
+    code, rec = run_fhir(TASKS, db, "--protocol", "react", "--backbone", "record", "--record-from", "m1", "--task-type", "1", "--limit", "2",
                      env=env)
     assert code == 0, rec
     assert rec["run_id"] == "m1-record" and rec["fingerprint"] == out["fingerprint"] and rec["correct"] == 2

@@ -72,7 +72,8 @@ def test_primary_and_derived_metrics_on_a_hand_built_run(events):
     assert m["tc"] == 60.0  # c1, c2, c3 answered (the fallback answer counts as finished)
     assert m["sr"] == 40.0  # c1, c2
     assert m["osr"] == 20.0 and m["t_min"] == 1  # only c1 answered right on its first turn
-    assert m["r_lim"] == 0.2 and m["r_inv"] == 0.2 and m["er"] == 0.6
+    # c4 hit the turn limit; c5 ended on an error (model unreachable): neither invalid nor counted in ER
+    assert m["r_lim"] == 0.2 and m["r_inv"] == 0.0 and m["er"] == 0.8 and m["errors"] == 1
     assert m["tokens_per_correct_task"] == 225.0  # (150 + 300) / 2, all stages
     assert m["act_tokens_per_correct_task"] == 200.0  # (100 + 300) / 2
     assert m["avg_turns"] == 2.0 and m["avg_tool_calls"] == 0.2  # (1+3+3+3+0)/5, one tool call in 5
@@ -101,7 +102,7 @@ def test_records_ignore_reflect_failures_and_failed_attempts(events):
     recs = {r.case_id: r for r in task_records(events + extra)}
     assert recs["c6"].completed and recs["c6"].success and not recs["c6"].invalid
     assert recs["c2"].tokens == 300 and recs["c2"].tool_calls == 1
-    assert recs["c4"].timeout and not recs["c4"].invalid and recs["c5"].invalid and not recs["c5"].timeout
+    assert recs["c4"].timeout and not recs["c4"].invalid and recs["c5"].error and not recs["c5"].invalid
 
 
 def test_no_cases_no_numbers():
@@ -125,3 +126,31 @@ def test_metrics_in_the_summary_of_a_run_against_the_fake_server():
     assert m["q_sr"] is None and m["qab"] is None
     assert m["avg_turns"] >= 1 and m["avg_tool_calls"] > 0
     assert "metrics" not in sim.summary and "llm" not in sim.summary
+
+
+def test_typed_terminations_osce_turns_and_per_task_t_min():
+    def failed(cid, reason, termination=None, steps=()):
+        p = {"stage": "act", "reason": reason, "steps": list(steps)}
+        if termination:
+            p["termination"] = termination
+        return [Ev("case.failed", cid, p), Ev("case.completed", cid, {"index": 0, "correct": False})]
+
+    dialogue = [{"kind": "tool", "content": "Do you smoke?"}, {"kind": "observation", "content": "Patient: no"},
+                {"kind": "tool", "content": "REQUEST TEST: Chest_X-Ray"}, {"kind": "observation", "content": "x"},
+                {"kind": "response", "content": "DIAGNOSIS READY: Pneumonia"}]
+    events = [
+        _case("a"), *failed("a", "reply is not an action", "invalid_action", _steps(1)),
+        _case("b"), *failed("b", "no FINISH within 8 rounds", "turn_limit", _steps(8)),
+        _case("c"), *failed("c", "model unavailable", "error"),
+        _case("d"), Ev("answer.given", "d", {"answer": "Pneumonia", "source": "model", "steps": dialogue}),
+        Ev("case.completed", "d", {"index": 0, "correct": True}),
+        _case("e"), Ev("answer.given", "e", {"answer": "[]", "source": "llm:official", "steps": _steps(3, 2)}),
+        Ev("feedback.recorded", "e", {"answer": "[]", "gold": "g", "correct": True, "min_rounds": 3}),
+        Ev("case.completed", "e", {"index": 0, "correct": True}),
+    ]
+    recs = {r.case_id: r for r in task_records(events)}
+    assert recs["a"].invalid and not recs["a"].timeout and recs["b"].timeout and recs["c"].error
+    assert recs["d"].turns == 3  # two questions/tests and the diagnosis: OSCE turns are counted
+    m = task_metrics(events, t_min=2)
+    assert m["r_inv"] == 0.2 and m["r_lim"] == 0.2 and m["errors"] == 1 and m["er"] == 0.6
+    assert recs["e"].t_min == 3 and m["osr"] == 20.0  # e: 3 turns = its own T_min (not the default 2)

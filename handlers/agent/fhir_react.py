@@ -130,7 +130,7 @@ async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirToo
             transitions.append(("invalid action", observation))
         steps.append(AgentStep(kind="observation", content=observation))
         history.append(HistoryTurn(reply.text, observation, turn.signature, finding))
-    raise CaseFailure(f"no FINISH after {cfg.max_steps} steps", steps)
+    raise CaseFailure(f"no FINISH after {cfg.max_steps} steps", steps, "turn_limit")
 
 
 # -- sim ---------------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
                 steps.append(AgentStep(kind="observation", content="final step: answer taken from untagged output"))
                 return _answer(letter, "llm:fallback", steps, outputs, labels)
             steps.append(AgentStep(kind="observation", content=turn.error or "no answer"))
-            raise CaseFailure(f"no valid answer after {cfg.max_steps} steps", steps)
+            raise CaseFailure(f"no valid answer after {cfg.max_steps} steps", steps, "turn_limit")
         if turn.kind == "tool":
             out = toolbox.call(turn.tool)
             observation = f"{turn.tool} -> {out if out else 'no result'}"
@@ -118,7 +118,7 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
                 raise CaseFailure(f"model unavailable for the summary after step {step}: {exc}", steps) from None
             summary = (step, written.text.strip())
             steps.append(AgentStep(kind="summary", content=summary[1]))
-    raise CaseFailure(f"no valid answer after {cfg.max_steps} steps", steps)  # max_steps < 1
+    raise CaseFailure(f"no valid answer after {cfg.max_steps} steps", steps, "turn_limit")  # max_steps < 1
 
 
 def _answer(letter: str, source: str, steps: list[AgentStep], outputs: list[tuple[str, str | None]],

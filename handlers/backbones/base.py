@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -17,9 +17,13 @@ class CaseFailure(Exception):
     output unusable to the last step). The stage records it as `case.failed` with `steps`,
     the trajectory so far, and memory is not written from the case."""
 
-    def __init__(self, reason: str, steps: list[AgentStep] | None = None):
+    def __init__(self, reason: str, steps: list[AgentStep] | None = None,
+                 termination: Literal["invalid_action", "turn_limit", "error"] = "error"):
         self.reason = reason
         self.steps = list(steps or [])
+        self.termination = termination
+        """Why the episode ended without an answer: an invalid action (the official MedAgentBench
+        protocol ends there), the turn limit, or an error (a model unreachable, a failed summary)."""
         super().__init__(reason)
 
 

@@ -16,7 +16,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from grandrounds.store.canonical import content_hash
 from grandrounds.store.event_types import AgentStep, AnswerGiven
@@ -65,11 +65,21 @@ class EnvironmentRecord(BaseModel):
     """patients_from_snapshot.json served by the local sandbox; None with `fhir_base`."""
     fhir_base: str | None = None
     """A real FHIR server the run used instead of the sandbox."""
+    protocol: Literal["official", "react"] = "react"
+    """How a model agent acts: `official`, MedAgentBench's text protocol (GET/POST/FINISH replies, the
+    official prompt, `max_rounds` replies; what `grandrounds run --env medagentbench` uses unless told
+    otherwise), or `react`, the SkeMex-style tool-call loop. The field's default is `react` because
+    runs recorded before it existed used that loop: their records read back unchanged."""
+    max_rounds: int = Field(default=8, ge=1)
+    """official: replies per task (8 in the official configuration)."""
 
     def identity(self) -> dict[str, Any]:
         """What makes two environments the same: contents and server, not paths."""
-        return {"environment": self.name, "funcs": self.funcs.sha256,
-                "patients": self.patients.sha256 if self.patients else None, "fhir_base": self.fhir_base}
+        out = {"environment": self.name, "funcs": self.funcs.sha256,
+               "patients": self.patients.sha256 if self.patients else None, "fhir_base": self.fhir_base}
+        if self.protocol == "official":  # react runs keep the identity (and run ids) they had before
+            out.update(protocol="official", max_rounds=self.max_rounds)
+        return out
 
     def source(self, cases: list[BaseModel]) -> str:
         """`RunSpec.source` of a run of these cases in this environment: a changed case selection,

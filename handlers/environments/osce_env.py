@@ -144,7 +144,8 @@ async def run_osce_act(view, memory, tools: OsceTools, gateway=None, recorder=No
                                        tools.max_turns)
     steps = dialogue_steps(dialogue.turns)
     if dialogue.status != "diagnosed":
-        raise CaseFailure(f"{dialogue.status}: {dialogue.error}", steps)
+        raise CaseFailure(f"{dialogue.status}: {dialogue.error}", steps,
+                          "turn_limit" if dialogue.status == "no_diagnosis" else "error")
     diagnosis = dialogue.diagnosis or ""
     source = adopted_rule(memory, diagnosis) if diagnosis else None
     return AnswerGiven(answer=diagnosis, source=source or ("lexical" if gateway is None else "model"), steps=steps)

@@ -50,11 +50,15 @@ class MedAgentBenchEnvironment:
         self.public_base = (record.fhir_base or OFFICIAL_BASE).rstrip("/") + "/"
         """What the agent sees and the log records."""
         self.client = FhirClient()
+        with open(record.funcs.path, encoding="utf-8") as f:
+            self.functions_json = json.dumps(json.load(f))  # as the official harness shows them
 
     # -- act ----------------------------------------------------------------------------------
 
     def tools_for(self, case: FhirCase) -> FhirTools:
-        return FhirTools(self.functions, self.base, public_base=self.public_base, client=self.client)
+        return FhirTools(self.functions, self.base, public_base=self.public_base, client=self.client,
+                         protocol=self.record.protocol, functions_json=self.functions_json,
+                         max_rounds=self.record.max_rounds)
 
     def public(self, text: str) -> str:
         return text.replace(self.base, self.public_base) if self.base != self.public_base else text
@@ -116,10 +120,15 @@ class MedAgentBenchEnvironment:
             return Grade(False, f"reference data unavailable: {self.public(str(exc))}")
         return grade(case, trajectory, self.public_base, data, full_server=self.full_server)
 
-    async def grade(self, case: FhirCase, answer: AnswerGiven) -> tuple[bool, str]:
-        """(correct, gold) by the official refsol rules; gold names the reference and the verdict's reason."""
+    async def verdict(self, case: FhirCase, answer: AnswerGiven) -> tuple[bool, str, int]:
+        """(correct, gold, T_min) by the official refsol rules; gold names the reference and the
+        verdict's reason; T_min is the reference solution's rounds for this task's data."""
         g = await self.grade_trajectory(case, self.trajectory_of(answer))
-        return g.correct, f"{case.answer}: {self.public(g.reason)}"
+        return g.correct, f"{case.answer}: {self.public(g.reason)}", g.min_rounds
+
+    async def grade(self, case: FhirCase, answer: AnswerGiven) -> tuple[bool, str]:
+        correct, gold, _ = await self.verdict(case, answer)
+        return correct, gold
 
 
 def build(record: EnvironmentRecord, base: str) -> MedAgentBenchEnvironment:

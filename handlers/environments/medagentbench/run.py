@@ -92,7 +92,8 @@ def load_fhir_tasks(path: str, task_types: tuple[int, ...] | None, limit: int | 
 
 def prepare_medagentbench(tasks: str, funcs: str | None, patients: str | None, fhir_base: str | None,
                           task_types: tuple[int, ...], limit: int | None, policy_name: str,
-                          sim_tools: tuple[str, ...], broker: str) -> EnvRunSetup:
+                          sim_tools: tuple[str, ...], broker: str, protocol: str = "official",
+                          max_rounds: int | None = None) -> EnvRunSetup:
     """Everything checked before a run starts; ValueError / CaseFileError name the problem (exit 2)."""
     from grandrounds.handlers.environments.medagentbench import OFFLINE_TASK_TYPES, load_functions
 
@@ -111,6 +112,8 @@ def prepare_medagentbench(tasks: str, funcs: str | None, patients: str | None, f
     if broker != "memory":
         raise ValueError("--env medagentbench runs on the embedded runner only (omit --broker): the Kafka "
                          "message contract carries MCQ cases")
+    if max_rounds and protocol != "official":
+        raise ValueError("--max-rounds counts official-protocol replies: with --protocol react use --max-steps")
     if fhir_base and not fhir_base.startswith(("http://", "https://")):
         raise ValueError(f"--fhir-base {fhir_base!r} is not an http(s) URL")
     notes: list[str] = []
@@ -145,7 +148,7 @@ def prepare_medagentbench(tasks: str, funcs: str | None, patients: str | None, f
         except ValueError as exc:
             raise CaseFileError(patients, None, None, str(exc)) from None
     record = EnvironmentRecord(funcs=FileRef.of(funcs), patients=FileRef.of(patients) if patients else None,
-                               fhir_base=fhir_base)
+                               fhir_base=fhir_base, protocol=protocol, max_rounds=max_rounds or 8)
     return EnvRunSetup(cases, record, _open, notes)
 
 

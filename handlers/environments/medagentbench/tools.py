@@ -27,8 +27,14 @@ from grandrounds.handlers.environments.medagentbench.trajectory import (GET_ERRO
 
 class FhirTools:
     def __init__(self, functions: list[FhirFunction], base: str, public_base: str | None = None,
-                 client: FhirClient | None = None):
+                 client: FhirClient | None = None, protocol: str = "react", functions_json: str = "[]",
+                 max_rounds: int = 8):
         self.functions = {f.name: f for f in functions}
+        self.protocol = protocol
+        """How a model agent acts on these tools (the environment's record): `official` or `react`."""
+        self.functions_json = functions_json
+        """The function specs as the official prompt shows them (json.dumps of funcs_v1.json)."""
+        self.max_rounds = max_rounds
         self.base = base if base.endswith("/") else base + "/"
         self.public_base = (public_base or self.base).rstrip("/") + "/"
         """The base the agent is shown and writes URLs with. The sandbox listens on a free port;
