@@ -27,6 +27,10 @@ SIM_NOTE = ("sim backbone: scripted doctor (asks fixed questions, requests each 
 @click.option("--backbone", type=click.Choice(["sim", "openai", "record"]), default="sim", show_default=True)
 @click.option("--model", default=None, help="Model for the doctor, the patient and the judge (openai).")
 @click.option("--base-url", default=None, help="OpenAI-compatible endpoint (else OPENAI_BASE_URL; key: OPENAI_API_KEY).")
+@click.option("--judge-model", default=None,
+              help="A separate moderator model (AgentClinic's moderator_llm) asked the official Yes/No question; "
+                   "default: the run's --model.")
+@click.option("--judge-base-url", default=None, help="The judge model's endpoint (default: --base-url).")
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds per model request attempt (openai); generous for slow local servers.")
 @click.option("--max-turns", default=20, show_default=True, type=click.IntRange(min=1),
@@ -37,7 +41,7 @@ SIM_NOTE = ("sim backbone: scripted doctor (asks fixed questions, requests each 
 @click.option("--run-id", default=None, help="Run id for the recorded exchanges (default: derived, numbered on reruns).")
 @click.option("--record-from", default=None, metavar="RUN", help="record backend: the run of --db to serve.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def agentclinic(cases_file, backbone, model, base_url, timeout, max_turns, limit, db, run_id, record_from, as_json):
+def agentclinic(cases_file, backbone, model, base_url, judge_model, judge_base_url, timeout, max_turns, limit, db, run_id, record_from, as_json):
     """Run AgentClinic OSCE CASES.jsonl (agentclinic_medqa*.jsonl or agentclinic_nejm*.jsonl)."""
     from grandrounds.bench_models import bench_model, check_options
     from grandrounds.handlers.agent.osce_runner import run_osce_cases
@@ -66,13 +70,15 @@ def agentclinic(cases_file, backbone, model, base_url, timeout, max_turns, limit
             bar = tqdm(total=len(cases), unit="case", desc="cases", file=sys.stderr, disable=as_json or None,
                        leave=False)
 
+            judge_gw = _judge_gateway(bm, judge_model, judge_base_url, timeout)
+
             async def go():
                 try:
                     return await run_osce_cases(cases, max_turns, bm.gateway, bm.log, differential,
-                                                on_case=lambda r: bar.update(1))
+                                                on_case=lambda r: bar.update(1), judge_gateway=judge_gw)
                 finally:
-                    if bm.gateway is not None:
-                        await bm.gateway.aclose()
+                    for gw in {id(g): g for g in (bm.gateway, judge_gw) if g is not None}.values():
+                        await gw.aclose()
 
             results = asyncio.run(go())
             llm = bm.log.summary() if bm.log else None
@@ -109,3 +115,18 @@ def agentclinic(cases_file, backbone, model, base_url, timeout, max_turns, limit
         click.echo(f"  {mark} {r.case_id}: {r.diagnosis or '(' + r.status + ')'}  — gold: {r.correct_diagnosis}"
                    f"  [{r.judge}, {r.turns} turns]")
     click.echo(click.style(f"  note: {note}", fg="yellow"))
+
+
+def _judge_gateway(bm, judge_model: str | None, judge_base_url: str | None, timeout: float):
+    """The moderator's gateway: a separate model when `--judge-model` names one (its exchanges are
+    recorded in the same run, stage `judge`; a record re-execution serves them like the others),
+    else None (the run's own model judges)."""
+    if judge_base_url and not judge_model:
+        raise click.UsageError("--judge-base-url needs --judge-model")
+    if bm.gateway is None or not judge_model:
+        return None
+    from grandrounds.handlers.backbones.build import live_transport
+    from grandrounds.handlers.llm.gateway import LLMGateway
+
+    transport = bm.gateway.transport if bm.backbone == "record" else live_transport(judge_base_url, None, timeout)
+    return LLMGateway(transport, judge_model, params={"temperature": 0.0}, retry=bm.gateway.retry)

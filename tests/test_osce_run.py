@@ -167,7 +167,7 @@ class OsceFake(FakeOpenAI):
         if system.startswith("You are a patient"):
             return "Patient: It started a month ago and gets worse when I climb stairs."
         if system.startswith("You are responsible"):
-            return '{"correct": true, "reason": "same disease"}'
+            return "Yes"  # AgentClinic's moderator answers Yes or No
         if system.startswith("You maintain the procedural memory of a doctor agent"):
             assert "correct diagnosis:" in messages[1]["content"]
             return json.dumps({"summary": "diagnosed from the dialogue", "guideline": "ask about fatigability",

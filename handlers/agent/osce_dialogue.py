@@ -85,7 +85,7 @@ FINAL_NOTICE = "This is the final question. Please provide a diagnosis now, as D
 async def run_osce_dialogue(view: OsceView, doctor: Doctor, patient: Patient, measurement: MeasurementTool,
                             max_turns: int = 20) -> DialogueResult:
     turns: list[DialogueTurn] = []
-    transcript: list[tuple[str, str]] = []  # (doctor question, patient answer): the patient's memory
+    transcript: list[tuple[str, str]] = []  # (doctor question, patient answer), ("", test result): the patient's memory
     for turn in range(1, max_turns + 1):
         try:
             said = await doctor.speak(view, turns, turn, max_turns)
@@ -97,6 +97,8 @@ async def run_osce_dialogue(view: OsceView, doctor: Doctor, patient: Patient, me
             return DialogueResult("diagnosed", action.text or None, turns)
         if action.kind == "test":
             reply = measurement.request(action.text)
+            # agentclinic.py: the measurement is added to the patient's history (patient_agent.add_hist)
+            transcript.append(("", reply))
         else:
             try:
                 reply = await patient.answer(action.text, transcript)
@@ -111,18 +113,20 @@ async def run_osce_dialogue(view: OsceView, doctor: Doctor, patient: Patient, me
 
 DOCTOR_SYSTEM = (
     "You are a doctor named Dr. Agent who only responds in the form of dialogue. You are inspecting a patient "
-    "who you will ask questions in order to understand their disease. You are only allowed {max_turns} turns in "
-    "total before you must make a decision. You can request test results using the format "
+    "who you will ask questions in order to understand their disease. You are only allowed to ask {max_turns} "
+    "questions total before you must make a decision. You have asked {asked} questions so far. You can request "
+    "test results using the format "
     "\"REQUEST TEST: [test]\". For example, \"REQUEST TEST: Chest_X-Ray\". Your dialogue will only be 1-3 "
     "sentences in length. Once you have decided to make a diagnosis please type "
     "\"DIAGNOSIS READY: [diagnosis here]\".\n\nBelow is all of the information you have. {objective}. \n\n"
     "Remember, you must discover their disease by asking them questions. You are also able to provide exams.")
-"""AgentClinic's doctor prompt (no bias variants, no images), with the turn budget stated once."""
+"""AgentClinic's doctor prompt (no bias variants, no images), with its question counter: the doctor's
+turns so far (AgentClinic's `infs`)."""
 
 
 def doctor_messages(view: OsceView, turns: list[DialogueTurn], turn: int, max_turns: int,
                     memory_prefix: str = "") -> list[dict[str, str]]:
-    system = DOCTOR_SYSTEM.format(max_turns=max_turns, objective=view.objective)
+    system = DOCTOR_SYSTEM.format(max_turns=max_turns, asked=turn - 1, objective=view.objective)
     if memory_prefix:
         system += f"\n\n## Memory from earlier cases\n{memory_prefix}"
     messages = [{"role": "system", "content": system},

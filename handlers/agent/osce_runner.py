@@ -40,8 +40,9 @@ class OsceResult:
 
 
 async def run_osce_case(case: OsceCase, max_turns: int, gateway=None, log: RunLog | None = None,
-                        differential: list[str] | None = None,
-                        memory_prefix: str = "") -> tuple[OsceResult, DialogueResult]:
+                        differential: list[str] | None = None, memory_prefix: str = "",
+                        judge_gateway=None) -> tuple[OsceResult, DialogueResult]:
+    """`judge_gateway`: a separate moderator model (AgentClinic's moderator_llm); default the run's."""
     measurement = MeasurementTool(case)
     if gateway is None:
         # NEJM cases carry their five answers: the sim chooses among them, as the sim backbone does
@@ -53,8 +54,9 @@ async def run_osce_case(case: OsceCase, max_turns: int, gateway=None, log: RunLo
         patient = LLMPatient(case, gateway, log.recorder(case.case_id, "patient"))
     dialogue = await run_osce_dialogue(case.view(), doctor, patient, measurement, max_turns)
     if dialogue.status == "diagnosed":
-        verdict = await judge(dialogue.diagnosis, case.correct_diagnosis, gateway,
-                              log.recorder(case.case_id, "judge") if log else None)
+        verdict = await judge(dialogue.diagnosis, case.correct_diagnosis, judge_gateway or gateway,
+                              log.recorder(case.case_id, "judge") if log else None,
+                              doctor_turn=dialogue.turns[-1].doctor)
     else:
         verdict = Judgement(False, "string-match", dialogue.error or "no diagnosis")
     result = OsceResult(
@@ -69,11 +71,12 @@ async def run_osce_case(case: OsceCase, max_turns: int, gateway=None, log: RunLo
 
 async def run_osce_cases(cases: list[OsceCase], max_turns: int, gateway=None, log: RunLog | None = None,
                          differential: list[str] | None = None,
-                         on_case: Callable[[OsceResult], None] | None = None) -> list[OsceResult]:
+                         on_case: Callable[[OsceResult], None] | None = None,
+                         judge_gateway=None) -> list[OsceResult]:
     """Strictly in order, one case at a time (so recorded exchanges replay in the same order)."""
     out = []
     for case in cases:
-        result, _ = await run_osce_case(case, max_turns, gateway, log, differential)
+        result, _ = await run_osce_case(case, max_turns, gateway, log, differential, judge_gateway=judge_gateway)
         out.append(result)
         if on_case is not None:
             on_case(result)

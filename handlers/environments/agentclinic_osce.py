@@ -9,8 +9,9 @@ which one is correct). Both become an `OsceCase`; a file may mix them (the kind 
 As in AgentClinic, the doctor sees only the objective (NEJM: "What is the most likely diagnosis?"),
 the patient knows only the patient actor's information (never the diagnosis), and the measurement
 reader knows the exam findings and test results. Unlike AgentClinic, the measurement reader here is
-not a model: it returns the recorded results whose names match the request, and "NORMAL READINGS"
-otherwise (AgentClinic's instruction to its reader), so a test result never depends on a model.
+not a model: it returns every recorded result whose name (its path in the case, any depth) holds the
+request's words, and "NORMAL READINGS" otherwise (AgentClinic's instruction to its reader), so a
+test result never depends on a model.
 The NEJM image is only a URL and is not shown.
 """
 
@@ -295,53 +296,68 @@ def diagnosis_vocabulary(cases: list[OsceCase]) -> list[str]:
 _SYNONYMS = {
     "cbc": "complete blood count", "bmp": "basic metabolic panel", "cmp": "comprehensive metabolic panel",
     "ecg": "electrocardiogram", "ekg": "electrocardiogram", "emg": "electromyography",
-    "eeg": "electroencephalogram", "cxr": "chest x ray", "xray": "x ray", "mri": "mri magnetic resonance",
-    "ct": "ct computed tomography", "lp": "lumbar puncture", "csf": "cerebrospinal fluid",
-    "abg": "arterial blood gas", "ua": "urinalysis", "lfts": "liver function tests", "lft": "liver function",
-    "tsh": "thyroid stimulating hormone", "us": "ultrasound", "echo": "echocardiogram",
+    "eeg": "electroencephalogram", "cxr": "chest xray", "radiograph": "xray", "radiography": "xray",
+    "mri": "mri", "magnetic": "mri", "ct": "ct", "computed": "ct", "lp": "lumbar puncture",
+    "csf": "cerebrospinal fluid", "abg": "arterial blood gas", "ua": "urinalysis", "lfts": "liver function",
+    "lft": "liver function", "tsh": "thyroid stimulating hormone", "us": "ultrasound", "sonography": "ultrasound",
+    "echo": "echocardiogram", "pe": "physical", "physical exam": "physical", "labs": "laboratory",
+    "lab": "laboratory", "neurologic": "neurological", "dermatologic": "dermatological",
 }
-_GENERIC = frozenset({"test", "tests", "result", "results", "level", "levels", "findings", "panel", "exam",
-                      "examination", "study", "studies", "reading", "readings", "value", "values", "order",
-                      "please", "check", "request"})
+_GENERIC = frozenset({"test", "tests", "result", "results", "level", "levels", "findings", "finding", "panel",
+                      "exam", "exams", "examination", "examinations", "study", "studies", "reading", "readings",
+                      "value", "values", "order", "please", "check", "request", "the", "of", "and", "for", "a",
+                      "an", "my", "patient", "s", "full", "complete_"})
 _WORD = re.compile(r"[a-z0-9]+")
+_XRAY = re.compile(r"\bx[\s_-]*rays?\b")
 
 
 def _request_terms(text: str) -> set[str]:
-    words = _WORD.findall(text.lower().replace("_", " ").replace("-", " "))
+    """Distinctive words of a test name, case-insensitive: `X-Ray`/`x ray`/`Xray` are one word, a few
+    abbreviations are expanded, generic words (test, exam, results) dropped, words cut to 5 letters
+    (so "abdomen" meets "abdominal" and "tests" meets "test")."""
+    t = _XRAY.sub(" xray ", text.lower().replace("_", " ").replace("-", " "))
     out: set[str] = set()
-    for w in words:
+    for w in _WORD.findall(t):
         out.update(_WORD.findall(_SYNONYMS.get(w, w)))
-    return {w for w in out if w not in _GENERIC and len(w) > 1}
+    return {w[:5] for w in out if w not in _GENERIC and len(w) > 1}
 
 
 NORMAL = "NORMAL READINGS"
+"""AgentClinic's instruction to its measurement reader for results not in its data."""
+_TOP = {"Physical_Examination_Findings": "physical", "Test_Results": "", "Exams": ""}
 
 
 class MeasurementTool:
-    """Returns the case's recorded findings for a requested test, `NORMAL READINGS` otherwise.
+    """Returns the case's recorded results for a requested exam or test, `NORMAL READINGS` otherwise.
 
-    A finding matches when its name (its path in the case, e.g. Test_Results > Imaging > Chest_CT)
-    holds at least half of the request's distinctive words; only the best-matching findings come
-    back, so "Chest CT" does not also return the chest examination's auscultation.
+    AgentClinic's reader is a model given every physical examination finding and every test result
+    (`exam_information`: the exam findings with the tests nested under them); this one is
+    deterministic, so a result never depends on a model. A recorded result answers a request when
+    every distinctive word of the request is in the result's name: its whole path in the case,
+    top level included, case-insensitive ("Physical examination" -> every physical examination
+    finding; "Chest_X-Ray" -> Imaging > Chest X-ray, never the chest CT; "Vital signs" -> the vital
+    signs). A group named exactly as requested wins over names that merely contain the words. A
+    request with no distinctive word ("REQUEST TEST: exam") answers nothing.
     """
 
     def __init__(self, case: OsceCase):
         self.case = case
         self.requests: list[tuple[str, list[Finding]]] = []
 
+    @staticmethod
+    def _name_terms(f: Finding) -> set[str]:
+        terms = {_TOP.get(f.path[0], "")} - {""}
+        for p in f.path[1:] if f.path[0] in _TOP else f.path:
+            terms |= _request_terms(p)
+        return {t[:5] for t in terms}
+
     def request(self, test: str) -> str:
         want = _request_terms(test)
-        scored: list[tuple[tuple[int, int], Finding]] = []
-        for f in self.case.findings:
-            parts = [_request_terms(p) for p in f.path[1:]]
-            hits = len(want & set().union(*parts)) if parts else 0
-            if hits and hits * 2 >= len(want):
-                # a request that names a whole group ("blood tests") beats one word shared with
-                # another finding ("blood pressure")
-                named = any(p and p <= want for p in parts)
-                scored.append(((hits, named), f))
-        best = max((s for s, _ in scored), default=None)
-        found = [f for s, f in scored if s == best]
+        found = [f for f in self.case.findings if want and want <= self._name_terms(f)]
+        # a result group named exactly as requested ("Blood tests" -> Blood_Tests) beats one that only
+        # shares the words (Vital_Signs > Blood_Pressure)
+        exact = [f for f in found if any(_request_terms(p) == want for p in f.path)]
+        found = exact or found
         self.requests.append((test, found))
         if not found:
             return f"RESULTS: {NORMAL} (no recorded result for {test.strip() or 'an unnamed test'})"
@@ -404,6 +420,9 @@ class LLMPatient:
     async def answer(self, question: str, transcript: list[tuple[str, str]]) -> str:
         messages = [{"role": "system", "content": PATIENT_SYSTEM.format(info=self.case.patient_info)}]
         for doctor, patient in transcript:
+            if not doctor:  # a test result, added to the patient's history as AgentClinic does
+                messages.append({"role": "user", "content": f"Measurement: {patient}"})
+                continue
             messages += [{"role": "user", "content": f"Doctor: {doctor}"}, {"role": "assistant", "content": patient}]
         messages.append({"role": "user", "content": f"Doctor: {question}"})
         reply = await self.gateway.complete(messages, self.recorder, f"patient-turn-{len(transcript) + 1}")

@@ -161,7 +161,8 @@ async def judge_answer(ctx, case: OsceCase, answer: AnswerGiven):
     gateway = getattr(ctx.backbone, "gateway", None) if records_exchanges(ctx.backbone) else None
     recorder = stage_recorder(ctx.writer, case.case_id, "judge") if gateway is not None else None
     mode = getattr(ctx.backbone, "structured_mode", "auto")
-    return await judge(answer.answer or None, case.correct_diagnosis, gateway, recorder, mode)
+    said = next((s.content for s in reversed(answer.steps) if s.kind == "response"), None)
+    return await judge(answer.answer or None, case.correct_diagnosis, gateway, recorder, mode, doctor_turn=said)
 
 
 # -- reflection (gold visible) -------------------------------------------------------------------
