@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import peak_rss_mb, repeated_cases, seed_run, time_cases  # noqa: E402
+from benchmarks.common import bench_dir, peak_rss_mb, repeated_cases, seed_run, time_cases  # noqa: E402
 
 from grandrounds.handlers.cases import load_cases  # noqa: E402
 from grandrounds.handlers.policies.base import agent_state  # noqa: E402
@@ -99,7 +98,7 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=200)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="gr-bench-selsm-"))
+    tmp = bench_dir("gr-bench-selsm-")
     store = EventStore(tmp / "bench.duckdb")
     cache = EmbeddingCache(SeededRandomEmbedder(), store.conn)
     events = synthetic_records(args.records, args.per_record)

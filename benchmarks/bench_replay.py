@@ -164,6 +164,12 @@ def audit(path: Path, work: Path) -> dict:
             "SELECT split_part(payload->>'$.source', ':', 2) s, count(*) c FROM events WHERE run_id = ? AND "
             "type = 'answer.given' AND payload->>'$.source' LIKE 'rule:%' GROUP BY s ORDER BY c DESC, s LIMIT 1",
             [SOURCE]).fetchone()[0]
+        episodes = store.conn.execute("SELECT count(*) FROM events WHERE run_id = ? AND type = 'episode.stored'",
+                                      [SOURCE]).fetchone()[0]
+        # the episode written halfway through the run (any --cases: there is one per case)
+        mid_episode = store.conn.execute(
+            "SELECT payload->>'$.episode_id' FROM events WHERE run_id = ? AND type = 'episode.stored' "
+            "ORDER BY seq LIMIT 1 OFFSET ?", [SOURCE, episodes // 2]).fetchone()[0]
         other = f"{SOURCE}-perm0-s{SEED[0]}"
         queries = {
             "items (head)": (lambda: items(store, SOURCE), ["audit", "items", SOURCE]),
@@ -171,7 +177,8 @@ def audit(path: Path, work: Path) -> dict:
                                              ["audit", "items", SOURCE, "--as-of-case", str(n // 2)]),
             f"history {top_rule} (most followed rule)": (lambda: history(store, SOURCE, top_rule),
                                                          ["audit", "history", SOURCE, top_rule]),
-            "history ep-01000": (lambda: history(store, SOURCE, "ep-01000"), ["audit", "history", SOURCE, "ep-01000"]),
+            f"history {mid_episode}": (lambda: history(store, SOURCE, mid_episode),
+                                      ["audit", "history", SOURCE, mid_episode]),
             f"explain #{n - 1}": (lambda: explain(store, SOURCE, str(n - 1)), ["audit", "explain", SOURCE, str(n - 1)]),
             f"diff {SOURCE} {other}": (lambda: diff(store, SOURCE, other), ["audit", "diff", SOURCE, other]),
         }
@@ -229,6 +236,8 @@ def main() -> None:
     assert report["k_by_n"]["fingerprints"] == report["warm_up"]["fingerprints"], "replay results changed"
     log(f"  {report['k_by_n']['wall_seconds']} s\naudit …")
     report["audit"] = audit(kxn_db, work)
+    for leftover in ("one.duckdb", "two.duckdb", "kxn.duckdb", "verify.duckdb", "cab.parquet", "cab.jsonl"):
+        (work / leftover).unlink(missing_ok=True)  # the phases' copies; the source file is kept for reuse
     report["peak_rss_mb"] = {
         "this_process": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "largest_child": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
