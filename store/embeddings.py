@@ -17,6 +17,7 @@ import duckdb
 import numpy as np
 
 from grandrounds.store.canonical import sha256_hex
+from grandrounds.store.machine_cache import MachineEmbeddingCache, machine_cache
 
 MINILM = "all-MiniLM-L6-v2"
 DIM = 384
@@ -34,6 +35,8 @@ class MiniLMEmbedder:
 
     name = MINILM
     dim = DIM
+    machine_cacheable = True
+    """A pure function of the text (at batch size 1): its vectors may be shared machine-wide."""
 
     def __init__(self) -> None:
         self._model = None
@@ -82,21 +85,34 @@ def shared_minilm() -> MiniLMEmbedder:
     return _SHARED.setdefault(MINILM, MiniLMEmbedder())
 
 
-class EmbeddingCache:
-    """Vectors by sha256(model + text): in memory, and persisted in the DuckDB file.
+_MACHINE = object()  # "the machine cache the environment names"
 
-    Cache rows are derived data, not events: they may be added at any time and are
-    written in batches by `flush()`.
+
+class EmbeddingCache:
+    """Vectors by sha256(model + text): in memory, in the DuckDB file, and in the machine cache.
+
+    A miss here is looked up in the machine cache (`store.machine_cache`: one per machine, shared
+    by every file and process) before the model is asked, so a new file on a machine that has
+    seen its texts never loads the model. Vectors the model computes go to both the file (which
+    stays self-contained: it can be audited on another machine) and the machine cache; vectors
+    found in the machine cache go to the file. Cache rows are derived data, not events: they may
+    be added at any time and are written in batches by `flush()`.
     """
 
     SCHEMA = """CREATE TABLE IF NOT EXISTS embedding_cache (
         key VARCHAR PRIMARY KEY, model VARCHAR NOT NULL, vector FLOAT[] NOT NULL)"""
 
-    def __init__(self, embedder: Embedder, conn: duckdb.DuckDBPyConnection | None = None):
+    def __init__(self, embedder: Embedder, conn: duckdb.DuckDBPyConnection | None = None,
+                 machine: MachineEmbeddingCache | None | object = _MACHINE):
         self.embedder = embedder
         self._conn = conn
+        if machine is _MACHINE:  # only a real model's vectors are shared: a test double's are its own
+            machine = machine_cache() if getattr(embedder, "machine_cacheable", False) else None
+        self.machine: MachineEmbeddingCache | None = machine  # type: ignore[assignment]
         self._mem: dict[str, np.ndarray] = {}
         self._pending: dict[str, np.ndarray] = {}
+        self._pending_machine: dict[str, np.ndarray] = {}
+        self.machine_hits = 0
         self.hits = 0
         self.misses = 0
         self._loaded = False
@@ -129,10 +145,18 @@ class EmbeddingCache:
         if vec is not None:
             self.hits += 1
             return vec
+        if self.machine is not None:
+            vec = self.machine.get(k, self.embedder.dim)
+            if vec is not None:
+                self.machine_hits += 1
+                self._mem[k] = vec
+                self._pending[k] = vec
+                return vec
         self.misses += 1
         vec = self.embedder.embed_one(text)
         self._mem[k] = vec
         self._pending[k] = vec
+        self._pending_machine[k] = vec
         return vec
 
     def many(self, texts: Sequence[str]) -> np.ndarray:
@@ -141,13 +165,18 @@ class EmbeddingCache:
         return np.stack([self.get(t) for t in texts])
 
     def put(self, text: str, vec: np.ndarray) -> None:
-        """Seed the cache (benchmarks, imports); the vector must come from the same model."""
+        """Seed the cache (benchmarks, imports); the vector must come from the same model.
+
+        Never written to the machine cache: a benchmark's synthetic vector must not reach real runs."""
         k = self.key(text)
         v = np.asarray(vec, dtype=np.float32)
         self._mem[k] = v
         self._pending[k] = v
 
     def flush(self) -> int:
+        if self.machine is not None and self._pending_machine:
+            self.machine.put_many(self.embedder.name, self._pending_machine.items())
+        self._pending_machine.clear()
         if self._conn is None or not self._pending:
             self._pending.clear()
             return 0

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Tests never write the user's machine embedding cache (~/.cache/grandrounds/embeddings): the session
+# gets its own, shared by its tests and the processes they start, removed at exit.
+_EMBEDDINGS = tempfile.mkdtemp(prefix="grandrounds-test-embeddings-")
+atexit.register(shutil.rmtree, _EMBEDDINGS, ignore_errors=True)
+os.environ["GRANDROUNDS_EMBEDDING_CACHE"] = _EMBEDDINGS
 
 from grandrounds.handlers.cases import Case, load_cases
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy, NoMemoryPolicy
