@@ -90,20 +90,25 @@ def main() -> None:
     base = load_cases(ROOT / "examples" / "cases.jsonl")[0]
     cases = repeated_cases(base, args.cases)
 
-    def run_cases(run_id: str, per_stage: bool) -> list[float]:
+    def run_cases(run_id: str, per_stage: bool, group: int = 1) -> list[float]:
         ctx, _ = open_run(store, run_id, spec, cache)
-        return time_cases(ctx, cases, per_stage)[0]
+        return time_cases(ctx, cases, per_stage, group)[0]
 
     run_cases("warm", per_stage=False)  # fills the embedding cache with every text these cases produce
     cache.flush()
-    seed_run(store, "measure-stage", spec, cache, events)
+    modes = {"group commit (64 cases)": ("measure", False, 64),
+             "group commit (16 cases)": ("measure-g16", False, 16),
+             "commit per case": ("measure-case", False, 1),
+             "commit per stage": ("measure-stage", True, 1)}
+    for run_id, _, _ in list(modes.values())[1:]:
+        seed_run(store, run_id, spec, cache, events)
     misses_before = cache.misses
     out["per_case_ms"] = {}
-    for run_id, per_stage in (("measure", False), ("measure-stage", True)):
-        ms = sorted(x * 1000 for x in run_cases(run_id, per_stage))
-        out["per_case_ms"]["commit per stage" if per_stage else "commit per case"] = {
+    for name, (run_id, per_stage, group) in modes.items():
+        ms = sorted(x * 1000 for x in run_cases(run_id, per_stage, group))
+        out["per_case_ms"][name] = {
             "p50": round(statistics.median(ms), 3), "p90": round(ms[int(0.9 * len(ms))], 3),
-            "mean": round(statistics.fmean(ms), 3)}
+            "p99": round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 3), "mean": round(statistics.fmean(ms), 3)}
     out["per_case_ms"]["embedding_misses"] = cache.misses - misses_before
 
     # --- retrieval vs raw hnswlib ---------------------------------------------------------
