@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -103,7 +104,7 @@ def main() -> None:
                 rates[m][name].append(fn(folder, groups, tag))
     events = sum(len(b) for b in batches)
     out = {"cases": a.cases, "events": events, "events_per_case": round(events / len(batches), 1),
-           "rounds": a.rounds, "events_per_s": {}}
+           "rounds": a.rounds, "loadavg_1min": round(os.getloadavg()[0], 1), "events_per_s": {}}
     for m, by in rates.items():
         gr, es = by["grandrounds (DuckDB)"], by["eventsourcing (SQLite)"]
         out["events_per_s"][m] = {"grandrounds": [round(min(gr)), round(max(gr))],
@@ -113,7 +114,7 @@ def main() -> None:
         print(json.dumps(out))
         return
     print(f"appends of {events} events ({out['events_per_case']} per case, {a.cases} cases), {a.rounds} rounds, "
-          "events/s min-max")
+          f"events/s min-max (load average {out['loadavg_1min']} on {os.cpu_count()} CPUs)")
     for m, v in out["events_per_s"].items():
         print(f"  {m:<26} grandrounds {v['grandrounds'][0]:>7}-{v['grandrounds'][1]:<7} "
               f"eventsourcing {v['eventsourcing'][0]:>7}-{v['eventsourcing'][1]:<7} "
