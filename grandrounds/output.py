@@ -9,11 +9,10 @@ def _curve_points(curve: list[float]) -> str:
     if not curve:
         return "-"
     n = len(curve)
-    marks = []
-    for frac in (0.1, 0.25, 0.5, 0.75, 1.0):
-        i = max(1, round(frac * n))
-        marks.append(f"{i}:{curve[i - 1]:.2f}")
-    return "  ".join(marks)
+    # 10/25/50/75/100 % of the stream; on a short stream several fractions land on one case,
+    # which is shown once.
+    points = sorted({max(1, round(frac * n)) for frac in (0.1, 0.25, 0.5, 0.75, 1.0)})
+    return "  ".join(f"{i}:{curve[i - 1]:.2f}" for i in points)
 
 
 _EVO_KEYS = ("episodes", "rules", "rules_by_priority", "rules_retired", "tools", "tool_labels")

@@ -71,9 +71,15 @@ def render_items(res: dict) -> str:
     where = (f"after case #{at['case_index']}" if at["case_index"] is not None
              else "at the end of the run" if at["at_head"] else f"at seq {at['seq']}")
     c = res["counts"]
+    tools = f"tools {', '.join(f'{k}={v}' for k, v in c['tools'].items()) or 'none'}"
+    pk = res.get("policy_kind")
+    if pk:  # SkeMex, SELSM, RetroSum: their own kind, never Evo-MedAgent's rules and episodes
+        counted = f"{pk}s {c[pk]}" if pk in c else f"{pk}s not listed (--kind {pk})"
+        header = f"  policy {res['policy']} · {counted} · {tools}"
+    else:
+        header = f"  rules {c['rules_active']} active, {c['rules_retired']} retired · episodes {c['episodes']} · {tools}"
     lines = [click.style(f"memory of {res['run_id']} {where} (seq {at['seq']}, {at['cases_completed']} cases done)", bold=True),
-             f"  rules {c['rules_active']} active, {c['rules_retired']} retired · episodes {c['episodes']} · "
-             f"tools {', '.join(f'{k}={v}' for k, v in c['tools'].items()) or 'none'}"]
+             header]
     for it in res["items"]:
         if it["kind"] == "rule":
             u = "-" if it["utility"] is None else f"{it['utility']:.3f}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +56,24 @@ def spec_of(started: RunStarted) -> RunSpec:
                    agent=started.agent, memory_from=started.memory_from)
 
 
+def spec_difference(recorded: RunStarted, asked: RunStarted) -> str:
+    """The fields in which two run configurations differ, as `field recorded X, asked Y` (policy
+    settings by name, `policy.top_k` ...), so a user sees which option to change."""
+    a, b = recorded.model_dump(mode="json"), asked.model_dump(mode="json")
+    diffs = []
+
+    def walk(x, y, path: str) -> None:
+        if isinstance(x, dict) and isinstance(y, dict):
+            for k in sorted(set(x) | set(y)):
+                walk(x.get(k), y.get(k), f"{path}.{k}" if path else k)
+        elif x != y:
+            diffs.append(f"{path} recorded {json.dumps(x)}, asked {json.dumps(y)}")
+
+    walk(a, b, "")
+    shown = [d for d in diffs if not d.startswith("policy_name ")] or diffs
+    return "; ".join(shown[:4]) + (f" (and {len(shown) - 4} more)" if len(shown) > 4 else "") or "same fields"
+
+
 def read_spec(store: EventStore, run_id: str) -> RunSpec | None:
     first = store.read(run_id, upto_seq=0)
     if not first:
@@ -90,8 +109,7 @@ def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCach
         recorded = store.read(run_id, upto_seq=0)[0].decode()
         if recorded != started:
             raise RunMismatch(
-                f"run {run_id!r} already exists with a different configuration "
-                f"(policy {recorded.policy_name}, backbone {recorded.backbone}, seed {recorded.seed}); "
+                f"run {run_id!r} already exists with a different configuration: {spec_difference(recorded, started)}; "
                 "choose another --run-id"
             )
     backbone = make_backbone(spec.backbone, spec.model, **{**backbone_opts, **spec.agent})

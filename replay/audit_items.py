@@ -23,15 +23,29 @@ def items(store: EventStore, run_id: str, as_of_case: int | None = None, as_of_s
         raise AuditInputError("--sort is id or utility")
     spec = require_spec(store, run_id)
     part_kind = POLICY_KINDS.get(spec.policy.name)
-    kinds = list(kinds or ([part_kind, "tool"] if part_kind else KINDS))
+    allowed = kinds_of(spec.policy.name)
+    for k in kinds or []:
+        if k not in allowed:
+            raise AuditInputError(f"--kind {k}: run {run_id!r} uses policy {spec.policy.name}, whose memory holds "
+                                  f"{', '.join(allowed)} items")
+    kinds = list(kinds or allowed)
     at = resolve_as_of(store, run_id, as_of_case, as_of_seq)
     state = memory_at(store, run_id, at.seq)
     result = render_items(run_id, spec.policy, state, at, [k for k in kinds if k in KINDS], status, sort, limit)
+    result["policy"], result["kinds"], result["policy_kind"] = spec.policy.name, list(allowed), part_kind
     if part_kind and part_kind in kinds:
         extra = policy_items(store, run_id, at.seq, status, sort)
+        result["counts"][part_kind] = len(extra)
         result["items"] = (extra + result["items"])[:limit] if limit else extra + result["items"]
         result["total"] += len(extra)
     return result
+
+
+def kinds_of(policy_name: str) -> tuple[str, ...]:
+    """The item kinds a policy's memory holds: Evo-MedAgent's three stores (also the memory-free
+    baseline's, which are empty but for tools), or the policy's own kind and tools."""
+    part_kind = POLICY_KINDS.get(policy_name)
+    return (part_kind, "tool") if part_kind else KINDS
 
 
 def policy_items(store: EventStore, run_id: str, upto_seq: int, status: str | None, sort: str) -> list[dict]:

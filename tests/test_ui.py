@@ -259,3 +259,20 @@ def test_browsing_every_page_leaves_the_file_unchanged(page, base_url, ui_db):
                  "/runs/teach/memory?seq=5", "/runs/teach/diff", "/runs/tools/tools", "/runs/skills"):
         assert page.goto(base_url + path).status == 200, path
     assert hashlib.sha256(ui_db.read_bytes()).hexdigest() == before
+
+
+# --- `audit items` tells policies apart (what the memory page shows too) ------------------------
+
+
+def test_audit_items_refuses_a_kind_the_runs_policy_does_not_keep(ui_db):
+    res = CliRunner().invoke(main, ["audit", "items", "teach", "--db", str(ui_db), "--kind", "skill"])
+    assert res.exit_code == 2 and "uses policy evo-medagent, whose memory holds rule, episode, tool items" in res.output
+    res = CliRunner().invoke(main, ["audit", "items", "skills", "--db", str(ui_db), "--kind", "rule"])
+    assert res.exit_code == 2 and "skill, tool" in res.output
+
+
+def test_audit_items_header_names_the_policys_own_items(ui_db):
+    res = CliRunner().invoke(main, ["audit", "items", "skills", "--db", str(ui_db)])
+    assert res.exit_code == 0, res.output
+    header = res.output.splitlines()[1]
+    assert header.startswith("  policy skemex · skills ") and "episodes" not in header and "rules" not in header
