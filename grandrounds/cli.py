@@ -173,6 +173,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
                 seeded = seed_memory(store, memory_db, memory_from, run_spec)
                 run_spec = run_spec.model_copy(update={"memory_from": seeded[0]})
             bar = _progress(len(cases), as_json)
+            _announce_model_load(bar)
             tally = [0, 0]  # seen, correct
 
             def on_case(index: int, ok: bool) -> None:
@@ -189,6 +190,9 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
                                         environment=environment)
             finally:
                 bar.close()
+                from grandrounds.store.embeddings import shared_minilm
+
+                shared_minilm().on_load = None
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
     except (StoreError, ReplayDivergence) as exc:
@@ -222,6 +226,21 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
                                                    for k, v in summary["per_task_type"].items()))
 
 
+def _announce_model_load(bar) -> None:
+    """The first embedding loads the model (~20 s on a small machine): say so on the bar."""
+    from grandrounds.store.embeddings import shared_minilm
+
+    embedder = shared_minilm()
+    if embedder.loaded or bar.disable:
+        return
+
+    def on_load(starting: bool) -> None:
+        bar.set_description_str("loading the embedding model (all-MiniLM-L6-v2)" if starting else "cases")
+        bar.refresh()
+
+    embedder.on_load = on_load
+
+
 def _progress(total: int, quiet: bool):
     from tqdm import tqdm
 
@@ -250,3 +269,4 @@ main.add_command(agentclinic)
 from grandrounds.cli_model import model as model_group  # noqa: E402
 main.add_command(model_group)
 from grandrounds import cli_ui  # noqa: E402,F401
+from grandrounds import cli_kafka_dev  # noqa: E402,F401

@@ -1,6 +1,6 @@
 """Run a real single-node Apache Kafka 4.x broker (KRaft, no ZooKeeper) for tests.
 
-The jars come from Maven Central through ``bash .ci/kafka/fetch.sh`` into
+The jars come from Maven Central through ``bash .ci/kafka/fetch.sh`` (no Maven) into
 ``$KAFKA_LIBS`` (default ``~/.cache/grandrounds/kafka-libs``); the broker runs as
 ``java -cp "$KAFKA_LIBS/*" kafka.Kafka server.properties`` from a temp dir.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import base64
-import hashlib
 import os
 import shutil
 import signal
@@ -39,17 +38,13 @@ class KafkaBrokerError(RuntimeError):
 
 
 def kafka_libs_dir() -> Path | None:
-    """The folder of Kafka jars written by .ci/kafka/fetch.sh, or None if absent/incomplete.
+    """The folder of Kafka jars written by .ci/kafka/fetch.sh (or `grandrounds kafka fetch`), or
+    None if absent or incomplete: its ``.complete`` marker must hold the sha256 of the current jar
+    list (grandrounds/kafka_dev/kafka-jars.txt), written only after every jar was checked."""
+    from grandrounds.kafka_dev.jars import libs_dir
 
-    fetch.sh writes ``.complete`` (sha256 of pom.xml) only after a successful copy;
-    a marker from another pom (a stale version) counts as absent.
-    """
-    libs = Path(os.environ.get("KAFKA_LIBS") or DEFAULT_KAFKA_LIBS)
-    marker = libs / ".complete"
-    if not marker.is_file() or not any(libs.glob("kafka_2.13-*.jar")):
-        return None
-    pom = KAFKA_CI_DIR / "pom.xml"
-    if pom.is_file() and marker.read_text().strip() != hashlib.sha256(pom.read_bytes()).hexdigest():
+    libs = libs_dir()
+    if libs is None or not any(libs.glob("kafka_2.13-*.jar")):
         return None
     return libs
 
