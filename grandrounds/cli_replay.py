@@ -96,11 +96,14 @@ def _json_option(f):
 @click.option("--base-url", default=None, metavar="URL",
               help="Model runs with --live-fallthrough: OpenAI-compatible endpoint (else OPENAI_BASE_URL; "
                    "key: OPENAI_API_KEY).")
+@click.option("--baseline", type=click.Choice(["none"]), default=None,
+              help="Also replay the memory-free baseline (policy none) on the same orders; reported, plotted "
+                   "and in the report beside the replay.")
 @click.option("--plot", "plot_path", default=None, metavar="PNG", help="Draw the curves and their mean band.")
 @click.option("--report", "report_path", default=None, metavar="HTML", help="Write a self-contained HTML report.")
 @_json_option
 def replay(db, source, count, seed, original, policy, ablations, sets, backbone, model, tag, workers,
-           live_fallthrough, base_url, plot_path, report_path, as_json):
+           live_fallthrough, base_url, baseline, plot_path, report_path, as_json):
     """Replay a run's case log in K seeded orders (order sensitivity), or under a counterfactual policy.
 
     A run made with a model is replayed from its recorded exchanges (exit code 1 when a
@@ -141,11 +144,22 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
                 if workers and workers > 1:
                     notes.append(f"--workers {workers} ignored: the FHIR sandbox is not sent to worker processes")
                 n_workers = 1
-            bar = _progress(len(plan.runs), "runs", as_json)
+            base_plan = None
+            if baseline:
+                if plan.spec.policy.name == "none":
+                    raise click.BadParameter("--baseline none: this replay already runs policy none")
+                base_plan = plan_replay(store, source, count, seed, policy=load_policy("none"), backbone=backbone,
+                                        model=model, original=original)
+            bar = _progress(len(plan.runs) + (len(base_plan.runs) if base_plan else 0), "runs", as_json)
             try:
                 result = execute_plan(store, make_cache(store), plan, workers=n_workers,
                                       on_run=lambda r, res: bar.update(1),
                                       live_fallthrough=live_fallthrough, base_url=base_url)
+                if base_plan is not None:  # the same orders (same --seed), without memory
+                    base = execute_plan(store, make_cache(store), base_plan, workers=n_workers,
+                                        on_run=lambda r, res: bar.update(1),
+                                        live_fallthrough=live_fallthrough, base_url=base_url)
+                    result["baseline"] = {k: base[k] for k in BASELINE_KEYS}
             except ReplayDivergence as exc:
                 fail(str(exc), 1, as_json)
             finally:
@@ -166,6 +180,11 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
 
         result = _guarded(as_json, go)
     _emit(dict(result, db=db), as_json, None if as_json else render_replay(result, db))
+
+
+BASELINE_KEYS = ("policy", "tag", "runs", "accuracy_mean", "accuracy_std", "accuracy_min", "accuracy_max",
+                 "accuracy_ci95", "mean_curve", "mean_rolling", "rolling_window")
+"""What `replay --baseline none` reports of the baseline's replay (its runs hold their curves)."""
 
 
 def _progress(total: int, unit: str, quiet: bool):

@@ -27,7 +27,17 @@ def render_replay(res: dict, db: str) -> str:
                      f"{served}{reused}")
     lines.append(f"  accuracy   mean {res['accuracy_mean']:.4f}  σ {res['accuracy_std']:.4f}  "
                  f"min {res['accuracy_min']:.4f}  max {res['accuracy_max']:.4f}   (source order {res['source_accuracy']:.4f})")
+    ci = res.get("accuracy_ci95")
+    if ci:
+        lines.append(f"  95% interval of the mean (bootstrap over the {len(res['runs'])} orders, seed {res['seed']}): "
+                     f"{ci[0]:.4f} – {ci[1]:.4f}")
     lines.append(f"  mean curve {_curve_points(res['mean_curve'])}   (cases:accuracy so far)")
+    b = res.get("baseline")
+    if b:
+        bci = f", 95% interval {b['accuracy_ci95'][0]:.4f} – {b['accuracy_ci95'][1]:.4f}" if b.get("accuracy_ci95") else ""
+        lines.append(f"  baseline   policy {b['policy']} on the same orders: mean {b['accuracy_mean']:.4f}  "
+                     f"σ {b['accuracy_std']:.4f}{bci}   (runs {b['runs'][0]['run_id']} …)")
+        lines.append(f"             memory − baseline: {res['accuracy_mean'] - b['accuracy_mean']:+.4f} mean accuracy")
     if res["cases_executed"]:
         lines.append(f"  executed   {res['cases_executed']} cases in {res['seconds']:.1f} s "
                      f"({res['cases_per_second']} cases/s)")

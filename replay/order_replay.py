@@ -42,7 +42,8 @@ from grandrounds.replay.environment import check_environment, recorded_environme
 from grandrounds.replay.counterfactual import derived_spec, is_counterfactual, variant_tag
 from grandrounds.replay.execute import JobResult, RunJob, run_jobs
 from grandrounds.replay.permutations import permutations
-from grandrounds.replay.stats import outcomes_of, summarise
+from grandrounds.replay.metrics import default_window, rolling_accuracy
+from grandrounds.replay.stats import bootstrap_mean_ci, outcomes_of, summarise
 from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.eventstore import EventStore
 
@@ -204,13 +205,16 @@ def execute_plan(store: EventStore, cache: EmbeddingCache, plan: ReplayPlan, wor
 def replay_result(store: EventStore, plan: ReplayPlan, results: list[JobResult], workers: int,
                   elapsed: float) -> dict:
     runs = []
+    window = default_window(len(plan.cases))
     for r, res in zip(plan.runs, results):
-        s = summarise(outcomes_of(store, r.run_id))
+        results_of = outcomes_of(store, r.run_id)
+        s = summarise(results_of)
         runs.append({
             "run_id": r.run_id, "k": r.k, "order_seed": r.order_seed,
             "accuracy": s["accuracy"], "correct": s["correct"], "cases": s["cases"],
             "fingerprint": store.fingerprint(r.run_id), "reused": res.processed == 0,
             "seconds": round(res.seconds, 3), "cumulative_accuracy": s["cumulative_accuracy"],
+            "rolling_accuracy": rolling_accuracy(results_of, window),
         })
         if plan.served_from_record:
             runs[-1]["llm_calls"] = llm_calls(store, r.run_id)
@@ -234,7 +238,10 @@ def replay_result(store: EventStore, plan: ReplayPlan, results: list[JobResult],
         "accuracy_std": round(std, 6),
         "accuracy_min": min(accs),
         "accuracy_max": max(accs),
+        "accuracy_ci95": bootstrap_mean_ci(accs, plan.seed),
         "mean_curve": mean_curve([r["cumulative_accuracy"] for r in runs]),
+        "rolling_window": window,
+        "mean_rolling": mean_curve([r["rolling_accuracy"] for r in runs]),
         "workers": workers,
         "cases_executed": executed,
         "seconds": round(elapsed, 3),

@@ -7,7 +7,7 @@ import base64
 import html
 import math
 
-from grandrounds.replay.plot import SIM_CAPTION, plot_curves, plot_growth
+from grandrounds.replay.plot import SIM_CAPTION, atomic_write, plot_curves, plot_growth
 from grandrounds.store.eventstore import EventStore
 
 
@@ -67,16 +67,27 @@ def build_report(store: EventStore, result: dict, db: str) -> str:
         mean = sum(present) / len(present) if present else None
         std = math.sqrt(sum((a - mean) ** 2 for a in present) / len(present)) if present else None
         n = next((cats[r["run_id"]][c]["cases"] for r in runs if c in cats[r["run_id"]]), 0)
-        cat_rows.append([c, n] + [f"{a:.3f}" if a is not None else "–" for a in accs]
+        cells = [f"{cats[r['run_id']][c]['accuracy']:.3f} ({cats[r['run_id']][c]['correct']}/{cats[r['run_id']][c]['cases']})"
+                 if c in cats[r["run_id"]] else "–" for r in runs]
+        cat_rows.append([c, n] + cells
                         + [f"{mean:.3f}" if mean is not None else "–", f"{std:.3f}" if std is not None else "–"])
     growth = {_name(r): memory_growth(store, r["run_id"]) for r in runs}
     growth_rows = [[_name(r), r["run_id"], growth[_name(r)]["rules"][-1] if growth[_name(r)]["rules"] else 0,
                     growth[_name(r)]["episodes"][-1] if growth[_name(r)]["episodes"] else 0] for r in runs]
     run_rows = [[_name(r), r["run_id"], r["order_seed"] if r["order_seed"] is not None else "–", r["cases"],
                  r["correct"], f"{r['accuracy']:.4f}", r["fingerprint"][:16] + "…"] for r in runs]
-    stats_rows = [[f"{result['accuracy_mean']:.4f}", f"{result['accuracy_std']:.4f}",
+    def ci(res: dict) -> str:
+        c = res.get("accuracy_ci95")
+        return f"{c[0]:.4f} – {c[1]:.4f}" if c else "–"
+
+    stats_rows = [[result["policy"], f"{result['accuracy_mean']:.4f}", ci(result), f"{result['accuracy_std']:.4f}",
                    f"{result['accuracy_min']:.4f}", f"{result['accuracy_max']:.4f}",
                    f"{result['source_accuracy']:.4f}"]]
+    base = result.get("baseline")
+    if base:
+        stats_rows.append([f"{base['policy']} (baseline, same orders)", f"{base['accuracy_mean']:.4f}", ci(base),
+                           f"{base['accuracy_std']:.4f}", f"{base['accuracy_min']:.4f}", f"{base['accuracy_max']:.4f}",
+                           "–"])
     note = SIM_CAPTION if result.get("backbone") == "sim" else ""
     curves_png = plot_curves(result)
     growth_png = plot_growth(growth, "memory growth over the stream (rules: solid, episodes: dashed)")
@@ -98,10 +109,15 @@ def build_report(store: EventStore, result: dict, db: str) -> str:
         parts.append(f"<p class='note'>{e(note)}</p>")
     parts += [
         "<h2>Order sensitivity</h2>",
-        _table(["mean", "σ (population)", "min", "max", "source order"], [stats_rows[0]]),
+        _table(["policy", "mean", "95% interval (bootstrap)", "σ (population)", "min", "max", "source order"],
+               stats_rows),
+        "<p style='font-size:12px;color:#666'>The interval resamples the orders' accuracies (10,000 times, seeded "
+        "by the replay's seed): it describes these orders; with few of them it is rough.</p>",
         _table(["run", "run id", "order seed", "cases", "correct", "accuracy", "fingerprint"], run_rows),
-        "<h2>Cumulative accuracy</h2>", _img(curves_png, "cumulative accuracy curves"),
+        f"<h2>Cumulative and rolling accuracy{' (baseline dashed red)' if base else ''}</h2>",
+        _img(curves_png, "cumulative and rolling accuracy curves"),
         "<h2>Accuracy per category</h2>",
+        "<p style='font-size:12px;color:#666'>Each cell: accuracy (correct/cases) of that run in the category.</p>",
         _table(["category", "cases"] + [_name(r) for r in runs] + ["mean", "σ"], cat_rows),
         "<h2>Memory growth</h2>", _img(growth_png, "memory growth"),
         _table(["run", "run id", "active rules at end", "episodes at end"], growth_rows),
@@ -113,5 +129,4 @@ def build_report(store: EventStore, result: dict, db: str) -> str:
 
 
 def write_report(store: EventStore, result: dict, db: str, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(build_report(store, result, db))
+    atomic_write(path, build_report(store, result, db).encode("utf-8"))

@@ -66,6 +66,9 @@ def run_page(store: EventStore, run_id: str, window: int | None = None) -> dict:
         svg.Series("cumulative", cumulative, color="#000", width=2.0),
         svg.Series(f"rolling ({w} cases)", rolling, color="#d62728", dash="5 3")])
     groups = _replay_groups(store, run_id)
+    # `replay --baseline none` (or --policy none): the memory-free runs on the same orders, drawn
+    # on every other group's chart too
+    baseline = next((g for g in groups if g["policy"] == "none"), None)
     replay_charts = []
     for g in groups:
         chart = svg.Chart(f"{g['stem']}: {len(g['runs'])} orders · mean {g['mean']:.3f} ± {g['std']:.3f}",
@@ -78,6 +81,9 @@ def run_page(store: EventStore, run_id: str, window: int | None = None) -> dict:
                                            opacity=0.6))
         if len(g["runs"]) > 1:
             chart.series.append(svg.Series("mean", mean, color="#000", width=2.2))
+        if baseline is not None and g is not baseline:
+            chart.series.append(svg.Series("baseline (none) mean", _band([r["curve"] for r in baseline["runs"]])[0],
+                                           color="#7f7f7f", width=1.8, dash="2 2"))
         chart.series.append(svg.Series(f"{run_id} (source)", cumulative, color="#d62728", dash="5 3"))
         replay_charts.append(svg.render(chart))
     growth = memory_growth(store, run_id)
