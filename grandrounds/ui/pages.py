@@ -54,6 +54,7 @@ def _replay_groups(store: EventStore, run_id: str) -> list[dict]:
         std = math.sqrt(sum((a - mean) ** 2 for a in accs) / len(accs))
         out.append({"stem": stem, "policy": rows[0]["policy"], "runs": rows, "mean": mean, "std": std,
                     "min": min(accs), "max": max(accs)})
+    out.sort(key=lambda g: (g["stem"] != run_id, g["policy"] == "none", g["stem"]))  # plain orders first
     return out
 
 

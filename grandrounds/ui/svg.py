@@ -37,7 +37,7 @@ class Chart:
     bands: list[Band] = field(default_factory=list)
     y_min: float | None = 0.0
     y_max: float | None = None
-    width: int = 760
+    width: int = 900
     height: int = 280
 
 
@@ -53,7 +53,7 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 
 def render(chart: Chart) -> str:
     """The chart as an <svg> element (a string to insert unescaped)."""
-    left, right, top, bottom = 52, 150, 26, 40
+    left, right, top, bottom = 52, 180, 26, 40
     w, h = chart.width, chart.height
     pw, ph = w - left - right, h - top - bottom
     all_y = [y for s in chart.series for y in s.ys] + [y for b in chart.bands for y in b.lo + b.hi]
