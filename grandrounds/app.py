@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from grandrounds.handlers.cases import Case
+from grandrounds.handlers.llm.errors import ModelOutage
 from grandrounds.handlers.runs import RunSpec, open_run
 from grandrounds.replay.metrics import run_summary
 from grandrounds.store.embeddings import Embedder, EmbeddingCache, shared_minilm
@@ -66,6 +67,12 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
     try:
         with single_threaded_blas():
             processed = asyncio.run(drive())
+    except ModelOutage as exc:
+        # Not a result: the interrupted case's events were never written, so the same command
+        # resumes at it. Say which run and how many cases are still to do.
+        exc.run_id = rid
+        exc.cases_left = len(cases) - ctx.projection.state.cases_completed
+        raise
     finally:
         cache.flush()
     summary = run_summary(store, rid, ctx.projection.state)

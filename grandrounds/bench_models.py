@@ -59,6 +59,11 @@ def bench_model(backbone: str, model: str | None, base_url: str | None, db: str 
     from grandrounds.store.eventstore import EventStore
 
     check_options(backbone, model, record_from)
+    if backbone == "openai":  # before the database is opened: a dead endpoint leaves nothing behind
+        from grandrounds.handlers.backbones.build import endpoint_and_key
+        from grandrounds.handlers.llm.preflight import preflight
+
+        preflight(*endpoint_and_key(base_url, None), model)
     store = EventStore(db or ":memory:")
     try:
         if backbone == "record":

@@ -31,6 +31,8 @@ def main() -> None:
 @click.option("--base-url", default=None, help="OpenAI-compatible endpoint (else OPENAI_BASE_URL; key: OPENAI_API_KEY).")
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds per model request attempt (openai); generous for slow local servers.")
+@click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Attempts per model call on transport failures (backoff with jitter) before the run stops as an outage.")
 @click.option("--record-from", default=None, metavar="RUN", help="record backend: the run whose exchanges are served.")
 @click.option("--record-db", default=None, help="record backend: DuckDB file holding --record-from (default: --db).")
 @click.option("--live-fallthrough", is_flag=True, help="record backend: call the model on a miss instead of failing.")
@@ -81,9 +83,9 @@ def main() -> None:
 @click.option("--max-turns", default=None, type=click.IntRange(min=1),
               help="agentclinic: doctor turns per case (default 20, AgentClinic's).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, record_from, record_db, live_fallthrough, max_steps,
-        summary_every, seed, lag, broker, sim_tools, commit, commit_every, commit_ms, ablations, memory_from, memory_db,
-        keep_learning,
+def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_attempts, record_from, record_db,
+        live_fallthrough, max_steps, summary_every, seed, lag, broker, sim_tools, commit, commit_every, commit_ms,
+        ablations, memory_from, memory_db, keep_learning,
         env, funcs, patients, fhir_base, task_types, fhir_protocol, max_rounds, limit, max_turns, as_json):
     """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern.
 
@@ -133,7 +135,9 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
             pol = pol.model_copy(update={"writing": False})  # frozen: the test split reads, never writes
         note, backbone = choice.note, choice.name
         if backbone == "openai":
-            choice.options["timeout"] = timeout
+            from grandrounds.handlers.llm.gateway import RetryPolicy
+
+            choice.options.update(timeout=timeout, retry=RetryPolicy(max_attempts=max_attempts))
         tools: dict[str, float] = {}
         for spec in sim_tools:
             name, r = parse_tool_spec(spec)
@@ -153,9 +157,11 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
 
     from grandrounds.app import run_cases
     from grandrounds.streams.embedded import GroupCommit
-    from grandrounds.handlers.llm.errors import ReplayDivergence
+    from grandrounds.handlers.llm.errors import ModelOutage, ReplayDivergence
     from grandrounds.store.eventstore import EventStore, StoreError
 
+    if backbone == "openai" and (not choice.record_from or live_fallthrough):
+        _preflight(base_url, choice.model, as_json)  # before anything is opened or written
     try:
         with EventStore(db) as store:
             if choice.record_from:
@@ -197,6 +203,8 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, reco
         fail(str(exc), 2, as_json)
     except (StoreError, ReplayDivergence) as exc:
         fail(str(exc), 1, as_json)
+    except ModelOutage as exc:
+        outage_exit(exc, as_json)
     except ValueError as exc:  # --memory-from that cannot apply
         fail(str(exc), 2, as_json)
     summary = outcome.summary
@@ -239,6 +247,35 @@ def _announce_model_load(bar) -> None:
         bar.refresh()
 
     embedder.on_load = on_load
+
+
+def _preflight(base_url: str | None, model: str, as_json: bool) -> None:
+    from grandrounds.handlers.backbones.build import endpoint_and_key
+    from grandrounds.handlers.llm.errors import ModelOutage
+    from grandrounds.handlers.llm.preflight import preflight
+
+    try:
+        url, key = endpoint_and_key(base_url, None)
+        preflight(url, key, model)
+    except BAD_INPUT as exc:
+        fail(str(exc), 2, as_json)
+    except ModelOutage as exc:
+        fail(f"{exc} — checked before the first case; nothing was written", 1, as_json)
+
+
+def outage_exit(exc, as_json: bool) -> None:
+    """A run stopped by a model outage: exit 1, naming the endpoint and the cases still to do."""
+    left = getattr(exc, "cases_left", None)
+    run_id = getattr(exc, "run_id", None)
+    message = (f"{exc}. {left if left is not None else 'Some'} case(s) not completed because of connection or "
+               f"server errors (infrastructure, not model answers); case {exc.case_id} was not recorded. "
+               f"Run the same command again to resume run {run_id} from it.")
+    if as_json:
+        click.echo(json.dumps({"error": message, "exit_code": 1, "outage": {
+            "endpoint": exc.endpoint, "kind": exc.kind, "attempts": exc.attempts, "case_id": exc.case_id,
+            "stage": exc.stage, "run_id": run_id, "cases_not_completed": left}}))
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
 
 
 def _progress(total: int, quiet: bool):

@@ -33,6 +33,8 @@ SIM_NOTE = ("sim backbone: scripted doctor (asks fixed questions, requests each 
 @click.option("--judge-base-url", default=None, help="The judge model's endpoint (default: --base-url).")
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds per model request attempt (openai); generous for slow local servers.")
+@click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Attempts per model call on transport failures (backoff with jitter) before the run stops as an outage.")
 @click.option("--max-turns", default=20, show_default=True, type=click.IntRange(min=1),
               help="Doctor turns per case (AgentClinic's default is 20).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N cases.")
@@ -41,13 +43,15 @@ SIM_NOTE = ("sim backbone: scripted doctor (asks fixed questions, requests each 
 @click.option("--run-id", default=None, help="Run id for the recorded exchanges (default: derived, numbered on reruns).")
 @click.option("--record-from", default=None, metavar="RUN", help="record backend: the run of --db to serve.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def agentclinic(cases_file, backbone, model, base_url, judge_model, judge_base_url, timeout, max_turns, limit, db, run_id, record_from, as_json):
+def agentclinic(cases_file, backbone, model, base_url, judge_model, judge_base_url, timeout, max_attempts, max_turns,
+                limit, db, run_id, record_from, as_json):
     """Run AgentClinic OSCE CASES.jsonl (agentclinic_medqa*.jsonl or agentclinic_nejm*.jsonl)."""
     from grandrounds.bench_models import bench_model, check_options
     from grandrounds.handlers.agent.osce_runner import run_osce_cases
+    from grandrounds.handlers.llm.gateway import RetryPolicy
     from grandrounds.replay.task_metrics import osce_metrics
     from grandrounds.handlers.environments.agentclinic_osce import diagnosis_vocabulary, load_osce_cases
-    from grandrounds.handlers.llm.errors import ReplayDivergence
+    from grandrounds.handlers.llm.errors import ModelOutage, ReplayDivergence
     from grandrounds.store.canonical import content_hash
     from grandrounds.store.eventstore import StoreError
 
@@ -64,7 +68,8 @@ def agentclinic(cases_file, backbone, model, base_url, judge_model, judge_base_u
     differential = diagnosis_vocabulary(load_osce_cases(cases_file)) if backbone == "sim" else None
     bar = None
     try:
-        with bench_model(backbone, model, base_url, db, run_id, default_id, record_from, timeout=timeout) as bm:
+        with bench_model(backbone, model, base_url, db, run_id, default_id, record_from, timeout=timeout,
+                         retry=RetryPolicy(max_attempts=max_attempts)) as bm:
             from tqdm import tqdm
 
             bar = tqdm(total=len(cases), unit="case", desc="cases", file=sys.stderr, disable=as_json or None,
@@ -87,6 +92,8 @@ def agentclinic(cases_file, backbone, model, base_url, judge_model, judge_base_u
         fail(str(exc), 2, as_json)
     except (ReplayDivergence, StoreError) as exc:
         fail(str(exc), 1, as_json)
+    except ModelOutage as exc:  # transport failures are not results: nothing to grade, exit 1
+        fail(f"{exc} (connection or server errors, not model answers; the tasks were not graded)", 1, as_json)
     finally:
         if bar is not None:
             bar.close()

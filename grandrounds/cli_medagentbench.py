@@ -38,19 +38,22 @@ SIM_NOTE = "sim agent: scripted for the official task templates, not a model; it
 @click.option("--base-url", default=None, help="OpenAI-compatible endpoint (else OPENAI_BASE_URL; key: OPENAI_API_KEY).")
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds per model request attempt (openai); generous for slow local servers.")
+@click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Attempts per model call on transport failures (backoff with jitter) before the run stops as an outage.")
 @click.option("--max-rounds", default=8, show_default=True, type=click.IntRange(min=1),
               help="Model replies per task (openai/record).")
 @click.option("--db", default=None, help="DuckDB file recording the exchanges (openai/record; default medagentbench.duckdb).")
 @click.option("--run-id", default=None, help="Run id for the recorded exchanges (default: derived, numbered on reruns).")
 @click.option("--record-from", default=None, metavar="RUN", help="record backend: the run of --db to serve.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone, model, base_url, timeout, max_rounds, db,
+def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone, model, base_url, timeout, max_attempts, max_rounds, db,
                   run_id, record_from, as_json):
     """Run MedAgentBench TASKS (test_data_v2.json) with the sim agent or a model and grade them."""
     from grandrounds.bench_models import bench_model, check_options
+    from grandrounds.handlers.llm.gateway import RetryPolicy
     from grandrounds.sandbox.fhir_server import FhirSandbox
     from grandrounds.handlers.environments.medagentbench import load_functions, load_tasks
-    from grandrounds.handlers.llm.errors import ReplayDivergence
+    from grandrounds.handlers.llm.errors import ModelOutage, ReplayDivergence
     from grandrounds.store.canonical import content_hash
     from grandrounds.store.eventstore import StoreError
 
@@ -74,7 +77,8 @@ def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone
     default_id = "mab-" + content_hash({"tasks": [c.case_id for c in cases], "model": model,
                                        "rounds": max_rounds})[:12]
     try:
-        with bench_model(backbone, model, base_url, db, run_id, default_id, record_from, timeout=timeout) as bm:
+        with bench_model(backbone, model, base_url, db, run_id, default_id, record_from, timeout=timeout,
+                         retry=RetryPolicy(max_attempts=max_attempts)) as bm:
             rows = asyncio.run(_run_all(cases, functions, functions_json, base, fhir_base, bm, max_rounds))
             llm = bm.log.summary() if bm.log else None
             note = bm.note or SIM_NOTE
@@ -82,6 +86,8 @@ def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone
         fail(str(exc), 2, as_json)
     except (ReplayDivergence, StoreError) as exc:
         fail(str(exc), 1, as_json)
+    except ModelOutage as exc:  # transport failures are not results: nothing to grade, exit 1
+        fail(f"{exc} (connection or server errors, not model answers; the tasks were not graded)", 1, as_json)
     finally:
         if sandbox is not None:
             sandbox.stop()

@@ -111,7 +111,7 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
     """
     from grandrounds.app import make_cache
     from grandrounds.replay_output import render_replay
-    from grandrounds.handlers.llm.errors import ReplayDivergence
+    from grandrounds.handlers.llm.errors import ModelOutage, ReplayDivergence
     from grandrounds.handlers.policies.config import load_policy
     from grandrounds.replay.order_replay import execute_plan, plan_replay
 
@@ -162,6 +162,8 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
                     result["baseline"] = {k: base[k] for k in BASELINE_KEYS}
             except ReplayDivergence as exc:
                 fail(str(exc), 1, as_json)
+            except ModelOutage as exc:  # live fall-through hit a dead endpoint: an outage, exit 1
+                fail(f"{exc} (connection or server errors, not model answers)", 1, as_json)
             finally:
                 bar.close()
             if notes:

@@ -1,7 +1,7 @@
 """Events of the LLM gateway and of cases that could not be completed.
 
-Every attempt at a model call is one `llm.exchange` event, appended to the stage's batch
-before the response is parsed or used (DESIGN §3), so a replay can serve it by request
+Every model call that got an answer (a reply, or a refusal of the request itself) is one
+`llm.exchange` event, appended to the stage's batch before the response is parsed or used (DESIGN §3), so a replay can serve it by request
 hash and an audit can show exactly what the model saw and said. Wall-clock latency and
 where the response came from (live / recorded) go in the event's `meta`, never here: the
 payload must be the same bytes when a recorded run is re-executed.
@@ -47,15 +47,18 @@ class LLMExchange(EventPayload):
     """Sampling parameters and the response format (JSON schema included) sent with the request."""
     messages: list[LLMMessage]
     attempt: int
-    """1-based attempt number for this request (retries repeat the same request hash)."""
+    """Always 1 in events written since transport failures stopped being events: the event is the attempt
+    that counted, and the failed transport attempts before it are in its `meta` (`failed_attempts`) and in
+    the `llm_attempts` table, so an outage survived cannot change the fingerprint. Older logs hold one
+    event per attempt (1, 2, ...; `outcome: error` for the failures); the record backend still serves them."""
     outcome: Literal["ok", "error"]
     response: str | None = None
     """The assistant message text, exactly as returned (before any parsing)."""
     finish_reason: str | None = None
     usage: TokenUsage | None = None
     error: str | None = None
-    """For a failed attempt: `<kind>: <message>`, kind one of rate_limit, server, timeout,
-    connection, bad_request, auth, other. Secrets are scrubbed before it is stored."""
+    """For a refused request: `<kind>: <message>`, kind bad_request or other (older logs also hold
+    rate_limit, server, timeout, connection, auth). Secrets are scrubbed before it is stored."""
     retryable: bool = False
 
 

@@ -24,6 +24,7 @@ from typing import Callable, Literal, Sequence
 
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.context import RunContext
+from grandrounds.handlers.llm.errors import ModelOutage
 from grandrounds.handlers.pipeline import CaseProgress, case_progress, process_case
 from grandrounds.store.projection import save_checkpoint
 
@@ -80,7 +81,8 @@ class EmbeddedRunner:
         """Process every case not yet completed; returns how many were processed now.
 
         On an exception the buffered cases are left uncommitted (the log ends at the last group),
-        as after a crash: the same command executes them again."""
+        as after a crash: the same command executes them again. A model outage (`ModelOutage`)
+        commits the cases completed before it and drops only the interrupted one."""
         ctx = self.ctx
         state = ctx.projection.state
         start = state.cases_completed
@@ -95,7 +97,16 @@ class EmbeddedRunner:
                 if not progress.started:
                     raise ValueError(f"run {ctx.run_id!r}: the interrupted case is not {case.case_id!r}; "
                                      "resume it with the same case file")
-            completed = await process_case(ctx, case, index, progress, on_stage=self._flush_stage)
+            boundary = len(ctx.writer.pending)
+            try:
+                completed = await process_case(ctx, case, index, progress, on_stage=self._flush_stage)
+            except ModelOutage:
+                # An outage is not a result: the cases finished before it are, so they are committed
+                # (a rerun must not call the model for them again); the interrupted case's events
+                # are dropped, and the same command resumes at it.
+                del ctx.writer.pending[boundary:]
+                self.flush()
+                raise
             self._case_done()
             done_now += 1
             if on_case:

@@ -5,6 +5,12 @@ the first tool once, else adopt a tool's letter, else pick by lexical overlap) a
 reflector by returning JSON; as the RetroSum summariser it lists every observation of the
 history it was sent. `script` injects failures: entries (kind, action) with kind `act`,
 `reflect`, `summarise` or `any`, consumed by the first matching request.
+
+Transport faults (`FAULTS`, the fault matrix of tests/test_model_outages.py) are script actions too:
+the server misbehaves at the HTTP level for that one request (a status with an HTML body, a 200 that
+is not JSON or not a completion, a truncated or oversized body, a dropped connection, a hang past the
+client's timeout). `/v1/models` answers 404 unless `models` is set (a server without a model list:
+preflight then sends a one-token chat, answered here without touching `script` or `requests`).
 """
 
 from __future__ import annotations
@@ -12,7 +18,14 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+FAULTS = ("500", "503_html", "429", "html_200", "not_json", "error_200", "no_choices", "truncated", "drop", "hang",
+          "oversized")
+"""HTTP-level faults a script entry can inject (each retried by the gateway as a transport failure)."""
+HANG_S = 3.0
+"""How long `hang` stalls: longer than the 1 s client timeout the fault tests use."""
 
 _OPTION = re.compile(r"^([A-Z])\) (.+)$", re.MULTILINE)
 _WORD = re.compile(r"[a-z]{4,}")
@@ -22,9 +35,17 @@ def _words(text: str) -> set[str]:
     return set(_WORD.findall(text.lower()))
 
 
+class Fault:
+    def __init__(self, name: str):
+        self.name = name
+
+
 class FakeOpenAI:
-    def __init__(self, schema_supported: bool = True):
+    def __init__(self, schema_supported: bool = True, models: list[str] | str | None = None):
         self.schema_supported = schema_supported
+        self.models = models
+        self.pings = 0
+        """Preflight one-token chats answered (not in `requests`)."""
         self.script: list[tuple[str, str]] = []
         self.requests: list[dict] = []
         self.auth_headers: list[str] = []
@@ -44,17 +65,61 @@ class FakeOpenAI:
             def log_message(self, *args):  # quiet
                 pass
 
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-                status, payload, headers = fake.answer(self.path, body, self.headers.get("authorization", ""))
-                data = json.dumps(payload).encode()
+            def _send(self, status, data: bytes, ctype="application/json", headers=None, length=None):
                 self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                for k, v in headers.items():
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(data) if length is None else length))
+                for k, v in (headers or {}).items():
                     self.send_header(k, v)
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path.rstrip("/").endswith("/models") and fake.models == "html":
+                    self._send(200, b"<html><body>Sign in</body></html>", "text/html")
+                elif self.path.rstrip("/").endswith("/models") and fake.models is not None:
+                    self._send(200, json.dumps({"object": "list", "data": [
+                        {"id": m, "object": "model"} for m in fake.models]}).encode())
+                else:
+                    self._send(404, b'{"error": {"message": "not found"}}')
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+                if body.get("max_tokens") == 1 and len(body.get("messages", ())) == 1:  # preflight ping
+                    with fake._lock:
+                        fake.pings += 1
+                    data = json.dumps(fake.completion(body, "ok")).encode()
+                    return self._send(200, data)
+                status, payload, headers = fake.answer(self.path, body, self.headers.get("authorization", ""))
+                if isinstance(payload, Fault):
+                    return self._fault(payload.name)
+                self._send(status, json.dumps(payload).encode(), headers=headers)
+
+            def _fault(self, name: str):
+                if name == "503_html":
+                    return self._send(503, b"<html><body><h1>503 Service Unavailable</h1></body></html>", "text/html")
+                if name == "html_200":
+                    return self._send(200, b"<!DOCTYPE html><html><body>Welcome to nginx!</body></html>", "text/html")
+                if name == "not_json":
+                    return self._send(200, b'{"id": "x", "choices": [{"message": {"content": "B"')
+                if name == "error_200":
+                    return self._send(200, b'{"error": {"message": "model overloaded", "code": 503}}')
+                if name == "no_choices":
+                    return self._send(200, b'{"id": "x", "object": "chat.completion", "choices": []}')
+                if name == "truncated":  # announces more than it sends, then closes
+                    self.close_connection = True
+                    return self._send(200, b'{"id": "x", "choices": [{"mess', length=4096)
+                if name == "oversized":
+                    junk = b" " * (5 * 1024 * 1024)
+                    return self._send(200, b'{"choices": [{"message": {"content": "A"}}], "pad": "' + junk + b'"}')
+                if name == "drop":  # no status line at all
+                    self.close_connection = True
+                    return
+                if name == "hang":
+                    time.sleep(HANG_S)
+                    self.close_connection = True
+                    return
+                raise ValueError(name)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -92,22 +157,29 @@ class FakeOpenAI:
                     action = a
                     del self.script[i]
                     break
+        if action in FAULTS and action not in ("429", "500"):
+            return 0, Fault(action), {}
         if action == "429":
-            return 429, {"error": {"message": "rate limited", "type": "rate_limit"}}, {"retry-after": "0"}
+            return 429, {"error": {"message": "rate limited", "type": "rate_limit"}}, {"retry-after": "0.01"}
         if action == "500":
             return 500, {"error": {"message": "boom", "type": "server_error"}}, {}
+        if action == "400":
+            return 400, {"error": {"message": "request exceeds the context window", "type": "invalid_request"}}, {}
         if action == "401":
             return 401, {"error": {"message": "bad key", "type": "auth"}}, {}
         rf = body.get("response_format")
         if rf and rf.get("type") == "json_schema" and not self.schema_supported:
             return 400, {"error": {"message": "response_format json_schema is not supported", "type": "invalid"}}, {}
-        text = self._text(kind, body["messages"], action)
+        return 200, self.completion(body, self._text(kind, body["messages"], action)), {}
+
+    @staticmethod
+    def completion(body: dict, text: str) -> dict:
         prompt_chars = sum(len(m["content"]) for m in body["messages"])
         usage = {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(text) // 4,
                  "total_tokens": prompt_chars // 4 + len(text) // 4}
-        return 200, {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": body["model"],
-                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                  "finish_reason": "stop"}], "usage": usage}, {}
+        return {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}], "usage": usage}
 
     def _text(self, kind: str, messages: list[dict], action: str | None) -> str:
         if kind == "reflect":

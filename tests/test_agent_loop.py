@@ -6,6 +6,8 @@ import pytest
 
 from conftest import EXAMPLES
 from fake_openai_server import FakeOpenAI
+from grandrounds.handlers.llm.errors import ModelOutage
+from grandrounds.store.attempts import failed_attempts
 from grandrounds.handlers.agent.guard import FINAL_NOTICE, LOOP_NOTICE, TRIM_NOTICE, GuardConfig, HistoryTurn, render
 from grandrounds.handlers.agent.protocol import align_answer, fallback_answer, parse_turn
 from grandrounds.handlers.cases import load_cases
@@ -112,25 +114,23 @@ def test_a_case_without_a_valid_answer_fails_and_leaves_memory_alone(cases):
     assert out.summary["memory"]["episodes"] == 0 and out.summary["memory"]["rules"] == 0
 
 
-def test_exhausted_retries_fail_the_case_with_every_attempt_recorded(cases):
+def test_exhausted_retries_stop_the_run_as_an_outage_with_every_attempt_kept(cases):
     with FakeOpenAI() as server, EventStore(":memory:") as store:
         server.script = [("act", "500")] * 4
-        out = run(store, cases[:2], openai_spec(), "r", live_options(server))
-        failed = _payloads(store, "r", "case.failed")
-        first = _payloads(store, "r", "llm.exchange", cases[0].case_id)
-    assert len(failed) == 1 and "model unavailable" in failed[0]["reason"] and "4 attempt" in failed[0]["reason"]
-    assert [x["outcome"] for x in first] == ["error"] * 4
-    assert out.summary["cases"] == 2 and out.summary["failed"] == 1  # the next case ran normally
+        with pytest.raises(ModelOutage, match="after 4 attempt") as info:
+            run(store, cases[:2], openai_spec(), "r", live_options(server))
+        assert _payloads(store, "r", "case.failed") == [] and _payloads(store, "r", "llm.exchange") == []
+        assert [a["kind"] for a in failed_attempts(store, "r")] == ["server"] * 4
+    assert info.value.cases_left == 2  # not a result: the same command resumes at case 1
 
 
-def test_auth_errors_are_not_retried(cases):
+def test_auth_errors_are_not_retried_and_are_an_outage(cases):
     with FakeOpenAI() as server, EventStore(":memory:") as store:
         server.script = [("act", "401")]
-        run(store, cases[:1], openai_spec(), "r", live_options(server))
-        ex = _payloads(store, "r", "llm.exchange")
-        failed = _payloads(store, "r", "case.failed")
-    assert ex[0]["error"].startswith("auth:") and not ex[0]["retryable"] and ex[0]["attempt"] == 1
-    assert len([x for x in ex if x["stage"] == "act"]) == 1 and "auth" in failed[0]["reason"]
+        with pytest.raises(ModelOutage, match="auth"):
+            run(store, cases[:1], openai_spec(), "r", live_options(server))
+        assert [(a["kind"], a["attempt"]) for a in failed_attempts(store, "r")] == [("auth", 1)]
+        assert len(server.requests) == 1
 
 
 def test_structured_reflection_uses_json_schema(cases):

@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+
 from click.testing import CliRunner
 
 from conftest import AC_MEDQA, AC_MEDQA_EXT, AC_NEJM, AC_NEJM_EXT, AGENTCLINIC
@@ -20,6 +21,7 @@ from grandrounds.handlers.cases import CaseFileError
 from grandrounds.handlers.environments.agentclinic_osce import (NEJM_OBJECTIVE, MeasurementTool, RulePatient,
                                                     diagnosis_vocabulary, load_osce_cases)
 from grandrounds.handlers.environments.osce_grading import judge, normalise, string_match
+from grandrounds.handlers.llm.errors import ModelOutage
 from grandrounds.handlers.llm.gateway import LLMGateway, RetryPolicy
 from grandrounds.handlers.llm.runlog import RunLog
 from grandrounds.handlers.llm.transport import OpenAITransport
@@ -308,9 +310,9 @@ def test_judge_garbage_falls_back_to_the_string_match(cases_file, tmp_path):
         v, _ = asyncio.run(go(server, "Lambert-Eaton syndrome"))
         assert v.method == "llm" and v.correct  # the moderator's word, not the string match's
     with OsceFake([], verdict="No") as server:
-        server.script.append(("act", "401"))  # judge unreachable: the string match still grades
-        v, _ = asyncio.run(go(server, "myasthenia gravis"))
-        assert v.method == "string-match" and v.correct and "unavailable" in v.reason
+        server.script.append(("act", "401"))  # judge unreachable: an outage, not a grade (issue 13 item 4)
+        with pytest.raises(ModelOutage, match="auth"):
+            asyncio.run(go(server, "myasthenia gravis"))
         v, _ = asyncio.run(go(server, "myasthenia gravis"))
         assert v.method == "llm" and not v.correct
 

@@ -11,6 +11,7 @@ from fake_openai_server import FakeOpenAI
 from grandrounds.handlers.cases import load_cases
 from grandrounds.handlers.llm.errors import ReplayDivergence
 from grandrounds.handlers.llm.record import RecordedExchanges
+from grandrounds.store.attempts import failed_attempts
 from llm_helpers import MODEL, SECRET, live_options, openai_spec, run
 from grandrounds.store.eventstore import EventStore
 
@@ -45,15 +46,17 @@ def test_live_run_completes_and_reports_tokens(recorded, cases):
     assert server.auth_headers and all(h == f"Bearer {SECRET}" for h in server.auth_headers)
 
 
-def test_retries_are_recorded_as_attempts(recorded):
+def test_retries_are_kept_beside_the_log_not_in_it(recorded):
     db, _, _ = recorded
     with EventStore(db, read_only=True) as store:
-        first = [e.payload for e in store.iter("live", types=["llm.exchange"])][:3]
-    assert [x["attempt"] for x in first] == [1, 2, 3]
-    assert len({x["request_hash"] for x in first}) == 1
-    assert first[0]["outcome"] == "error" and first[0]["error"].startswith("rate_limit:") and first[0]["retryable"]
-    assert first[1]["outcome"] == "error" and first[1]["error"].startswith("server:")
-    assert first[2]["outcome"] == "ok" and first[2]["usage"]["total_tokens"] > 0
+        events = list(store.iter("live", types=["llm.exchange"]))
+        attempts = failed_attempts(store, "live")
+    first = events[0]
+    assert first.payload["outcome"] == "ok" and first.payload["attempt"] == 1 and first.payload["usage"]["total_tokens"]
+    assert [a["kind"] for a in first.meta["failed_attempts"]] == ["rate_limit", "server"]
+    assert all(e.payload["outcome"] == "ok" for e in events)  # transport failures are not events
+    assert [(a["kind"], a["attempt"], a["request_hash"]) for a in attempts] == [
+        ("rate_limit", 1, first.payload["request_hash"]), ("server", 2, first.payload["request_hash"])]
 
 
 def test_malformed_output_gets_a_corrective_observation(recorded, cases):

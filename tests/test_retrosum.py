@@ -106,7 +106,9 @@ def test_the_record_backend_reexecutes_a_retrosum_run_with_the_server_stopped(re
 
 def test_a_failing_summariser_fails_the_case_with_its_trajectory(case):
     with FakeOpenAI() as server, EventStore(":memory:") as store:
-        server.script = [("act", "no_action"), ("summarise", "401")]
+        # the server refuses the summary request itself (400, e.g. over its context): the case fails;
+        # an unreachable server would instead stop the run (tests/test_model_outages.py)
+        server.script = [("act", "no_action"), ("summarise", "400")]
         out = run(store, [case], openai_spec(), "r", live_options(server, max_steps=3, summary_every=1))
         failed = [e.payload for e in store.iter("r", types=["case.failed"])]
         types = [e.type for e in store.iter("r")]

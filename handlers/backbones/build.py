@@ -16,14 +16,18 @@ OPENAI_NOTE = "openai backbone: model {model} at {where}"
 RECORD_NOTE = "record backend: model {model}'s exchanges served from run {run}{live} — no live model calls"
 
 
-def live_transport(base_url: str | None, api_key: str | None, timeout: float) -> OpenAITransport:
+def endpoint_and_key(base_url: str | None, api_key: str | None) -> tuple[str | None, str]:
     base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
     key = api_key or os.environ.get("OPENAI_API_KEY")
     if not key:
         if base_url is None:
             raise BackboneUnavailable("the openai backbone needs OPENAI_API_KEY (or --base-url for a local server)")
         key = "not-needed"  # vLLM, Ollama and LM Studio accept any key
-    return OpenAITransport(base_url, key, timeout)
+    return base_url, key
+
+
+def live_transport(base_url: str | None, api_key: str | None, timeout: float) -> OpenAITransport:
+    return OpenAITransport(*endpoint_and_key(base_url, api_key), timeout)
 
 
 def build_model_backbone(name: str, model: str | None, *, base_url: str | None = None, api_key: str | None = None,

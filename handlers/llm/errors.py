@@ -8,7 +8,9 @@ class GatewayError(RuntimeError):
 
 
 class LLMUnavailable(GatewayError):
-    """Retries exhausted, or an error retrying cannot fix (auth, bad request): the case fails."""
+    """The endpoint refused this request itself (bad request, e.g. an unsupported response format or a
+    prompt over the context): retrying cannot fix it and it is a property of the request, so the case
+    records it as failed. Infrastructure failures are `ModelOutage`, never this."""
 
     def __init__(self, kind: str, message: str):
         self.kind = kind
@@ -22,3 +24,19 @@ class StructuredOutputError(GatewayError):
 class ReplayDivergence(GatewayError):
     """A re-execution asked for an exchange the recorded run does not hold. Aborts the run:
     the re-execution is no longer the recorded one (DESIGN §3), so nothing after it is valid."""
+
+
+class ModelOutage(GatewayError):
+    """The endpoint could not be reached or did not answer usably (refused, timed out, 5xx, 429,
+    malformed, HTML or truncated body, rejected key) on every attempt of one call.
+
+    Deliberately not an `LLMUnavailable`: the agent loops and policies catch that one and record the
+    case as failed; this one passes through them and stops the run, with the interrupted case's events
+    left unwritten, so the same command run later resumes at that case (DESIGN §5: an outage is never
+    a terminal case result). `endpoint` is the base URL (never the key)."""
+
+    def __init__(self, kind: str, message: str, endpoint: str, attempts: int, case_id: str = "", stage: str = ""):
+        self.kind, self.endpoint, self.attempts, self.case_id, self.stage = kind, endpoint, attempts, case_id, stage
+        self.detail = message
+        where = f" on case {case_id} (stage {stage})" if case_id else ""
+        super().__init__(f"model endpoint {endpoint} failed{where} after {attempts} attempt(s): {kind}: {message}")

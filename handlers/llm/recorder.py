@@ -8,6 +8,11 @@ from typing import Any, Callable
 from grandrounds.store.events import EventPayload
 
 Emit = Callable[[EventPayload, dict[str, Any]], int]
+NoteAttempt = Callable[[dict[str, Any]], None]
+
+
+def _drop(_row: dict[str, Any]) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -20,10 +25,18 @@ class Recorder:
     """The pipeline stage making the calls: act, reflect, ..."""
     emit: Emit
     """Appends (payload, meta) to the stage's events, returning the seq it got."""
+    note_attempt: NoteAttempt = _drop
+    """Keeps one failed transport attempt outside the event log (the `llm_attempts` side table):
+    written at once, so it survives even when the case's events are never written (an outage)."""
 
 
 def stage_recorder(writer, case_id: str, stage: str) -> Recorder:
+    from grandrounds.store.attempts import note_attempt
+
     def emit(payload: EventPayload, meta: dict[str, Any]) -> int:
         return writer.emit(payload, case_id=case_id, meta=meta)
 
-    return Recorder(case_id, stage, emit)
+    def note(row: dict[str, Any]) -> None:
+        note_attempt(writer.store, writer.run_id, case_id, stage, row)
+
+    return Recorder(case_id, stage, emit, note)

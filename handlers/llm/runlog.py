@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from grandrounds.handlers.llm.recorder import Recorder
+from grandrounds.store.attempts import note_attempt
 from grandrounds.store.events import EventPayload, NewEvent
 from grandrounds.store.llm_events import LLMExchange
 
@@ -26,6 +27,8 @@ class RunLog:
         """case id -> stage -> prompt + completion tokens of its successful exchanges."""
         self.calls = 0
         self.attempts = 0
+        self.failed_attempts = 0
+        """Transport failures retried (kept in `llm_attempts`, not in the log)."""
 
     def recorder(self, case_id: str, stage: str) -> Recorder:
         def emit(payload: EventPayload, meta: dict[str, Any]) -> int:
@@ -39,7 +42,11 @@ class RunLog:
                         self.tokens[case_id][stage] += payload.usage.prompt_tokens + payload.usage.completion_tokens
             return self.seq
 
-        return Recorder(case_id, stage, emit)
+        def note(row: dict[str, Any]) -> None:
+            self.failed_attempts += 1
+            note_attempt(self.store, self.run_id, case_id, stage, row)
+
+        return Recorder(case_id, stage, emit, note)
 
     def case_tokens(self, case_id: str, stages: tuple[str, ...] | None = None) -> int:
         per = self.tokens.get(case_id, {})
@@ -51,6 +58,7 @@ class RunLog:
             usage = e.payload.get("usage") or {}
             prompt += int(usage.get("prompt_tokens", 0))
             completion += int(usage.get("completion_tokens", 0))
-        return {"run_id": self.run_id, "calls": self.calls, "attempts": self.attempts,
+        return {"run_id": self.run_id, "calls": self.calls, "attempts": self.attempts + self.failed_attempts,
+                "failed_attempts": self.failed_attempts,
                 "prompt_tokens": prompt, "completion_tokens": completion,
                 "fingerprint": self.store.fingerprint(self.run_id) if self.store.has_run(self.run_id) else None}

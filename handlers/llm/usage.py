@@ -1,6 +1,8 @@
 """Token usage and latency of a run's model calls, per case, for the run summary.
 
-Latency comes from event meta (wall clock): reported, never folded into state.
+Latency comes from event meta (wall clock): reported, never folded into state. So do the transport
+failures a call survived (`failed_attempts` in the meta of the exchange that succeeded): they count in
+`attempts` and `failed_attempts` here without being events.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ def llm_usage(store, run_id: str) -> dict:
         if e.type == CaseFailed.event_type:
             failed.append({"case_id": e.case_id, "stage": e.payload["stage"], "reason": e.payload["reason"]})
             continue
-        attempts += 1
+        retried = len(e.meta.get("failed_attempts") or ())  # transport failures survived (meta, not events)
+        attempts += 1 + retried
+        errors += retried
         row = per.setdefault(e.case_id, {"case_id": e.case_id, "calls": 0, "prompt_tokens": 0,
                                          "completion_tokens": 0, "latency_ms": 0.0})
         row["latency_ms"] = round(row["latency_ms"] + float(e.meta.get("latency_ms", 0.0)), 3)
