@@ -23,6 +23,9 @@ from grandrounds.store.eventstore import EventStore
 from local_model_fixtures import local_model  # noqa: F401
 
 DEAD_URL = "http://127.0.0.1:9/v1"
+SLOW = ["--timeout", "1800"]
+"""A 2-core machine shared with other work can generate at ~1 token/s: a generous per-attempt timeout keeps
+these tests about the model path, not about the machine's load (no timing is asserted)."""
 """Nothing listens on port 9: a replay that tried a live call would fail on it."""
 
 
@@ -94,7 +97,7 @@ def test_mcq_run_with_memory_and_structured_reflection_replays_with_server_stopp
     local_model.ensure_started()
     code, live = _run(["run", str(cases), "--db", db, "--run-id", "live", "--policy", "evo-medagent",
                        "--backbone", "openai", "--base-url", local_model.base_url, "--model", lm.MODEL_ALIAS,
-                       "--max-steps", "2"])
+                       "--max-steps", "2", *SLOW])
     assert code == 0, live
     assert live["cases"] == 2 and live["llm"]["calls"] >= 4, live
     with EventStore(db, read_only=True) as store:
@@ -121,7 +124,7 @@ def test_official_medagentbench_task_replays_with_server_stopped(local_model, tm
               "--task-type", "1", "--limit", "1", "--max-rounds", "2", "--db", db]
     local_model.ensure_started()
     code, live = _run([*common, "--backbone", "openai", "--base-url", local_model.base_url,
-                       "--model", lm.MODEL_ALIAS, "--run-id", "live"])
+                       "--model", lm.MODEL_ALIAS, "--run-id", "live", *SLOW])
     assert code == 0, live
     assert live["tasks"] == 1 and 1 <= live["llm"]["calls"] <= 2, live
     local_model.stop()
