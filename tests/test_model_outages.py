@@ -159,3 +159,30 @@ def test_rerun_after_an_outage_completes_exactly_the_missing_cases_to_the_clean_
     assert again["fingerprint"] == clean["fingerprint"] and again["cases"] == 3
     assert not any("already complete" in n for n in again["notes"])
     assert os.path.exists(db)
+
+
+def test_an_older_log_with_retry_events_is_served_without_new_attempts():
+    """Logs written before this change hold failed attempts as exchange events: the record backend
+    still serves them (a retry without waiting), and nothing is noted as a new attempt."""
+    import asyncio
+    from collections import deque
+
+    from grandrounds.handlers.llm.gateway import LLMGateway, request_hash
+    from grandrounds.handlers.llm.record import RecordedExchanges, RecordedTransport
+    from grandrounds.handlers.llm.recorder import Recorder
+    from grandrounds.store.llm_events import LLMExchange, LLMMessage
+
+    messages = [{"role": "user", "content": "q"}]
+    params = {"temperature": 0.0, "max_tokens": 1024}
+    h = request_hash(MODEL, messages, params)
+    common = dict(stage="act", purpose="p", request_hash=h, model=MODEL, params=params,
+                  messages=[LLMMessage(role="user", content="q")])
+    old = [LLMExchange(**common, attempt=1, outcome="error", error="server: boom", retryable=True),
+           LLMExchange(**common, attempt=2, outcome="ok", response="B")]
+    emitted, noted = [], []
+    rec = Recorder("c", "act", lambda p, m: emitted.append((p, m)) or len(emitted), noted.append)
+    gw = LLMGateway(RecordedTransport(RecordedExchanges("old", {h: deque(old)})), MODEL)
+    reply = asyncio.run(gw.complete(messages, rec, "p"))
+    assert reply.text == "B" and noted == []
+    assert [(p.outcome, p.attempt) for p, _ in emitted] == [("ok", 1)]
+    assert [a["kind"] for a in emitted[0][1]["failed_attempts"]] == ["server"]

@@ -130,7 +130,8 @@ class LLMGateway:
             row = {"attempt": attempt, "kind": failure.kind, "error": failure.message[:500],
                    "latency_ms": latency_ms, "wait_s": round(wait, 3)}
             failed.append(row)
-            recorder.note_attempt({**row, "purpose": purpose, "request_hash": h, "served": served})
+            if served != "record":  # a failure served from an older log's record is not a new attempt
+                recorder.note_attempt({**row, "purpose": purpose, "request_hash": h, "served": served})
             if give_up:
                 raise ModelOutage(failure.kind, failure.message[:500], self.endpoint, attempt,
                                   recorder.case_id, recorder.stage)
