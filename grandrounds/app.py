@@ -52,7 +52,8 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
     cache = cache or make_cache(store)
     rid = run_id or unique_run_id(store, spec.default_run_id(), spec)
     meta = environment.record.meta() if environment is not None else None
-    ctx, how = open_run(store, rid, spec, cache, seeded=seeded, started_meta=meta, **(backbone_options or {}))
+    ctx, how = open_run(store, rid, spec, cache, seeded=seeded, started_meta=meta, cases=len(cases),
+                        **(backbone_options or {}))
     ctx.environment = environment
     runner = EmbeddedRunner(ctx, commit=commit, group=group)
 

@@ -82,11 +82,14 @@ def main() -> None:
               help="medagentbench / agentclinic: only the first N tasks or cases (after --task-type).")
 @click.option("--max-turns", default=None, type=click.IntRange(min=1),
               help="agentclinic: doctor turns per case (default 20, AgentClinic's).")
+@click.option("--key-file", default=None, metavar="PATH",
+              help="Sign the run's head with this key (HMAC-SHA256); default: $GRANDROUNDS_SIGNING_KEY if set. "
+                   "The key is never written to the database.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_attempts, record_from, record_db,
         live_fallthrough, max_steps, summary_every, seed, lag, broker, sim_tools, commit, commit_every, commit_ms,
         ablations, memory_from, memory_db, keep_learning,
-        env, funcs, patients, fhir_base, task_types, fhir_protocol, max_rounds, limit, max_turns, as_json):
+        env, funcs, patients, fhir_base, task_types, fhir_protocol, max_rounds, limit, max_turns, key_file, as_json):
     """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern.
 
     With --env medagentbench, TASKS.json holds MedAgentBench FHIR tasks: a local FHIR sandbox serving
@@ -101,8 +104,11 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
     from grandrounds.backbone_choice import attach_record, choose_backbone
     from grandrounds.handlers.environments.medagentbench.run import looks_like_task_file, mab_options_given, prepare_medagentbench
 
+    from grandrounds.store.signing import load_key
+
     setup = None
     try:
+        signing_key = load_key(key_file)
         pol = with_ablations(load_policy(policy), list(ablations))
         if env == "medagentbench":
             setup = prepare_medagentbench(cases_file, funcs, patients, fhir_base, tuple(task_types), limit,
@@ -199,6 +205,11 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
                 from grandrounds.store.embeddings import shared_minilm
 
                 shared_minilm().on_load = None
+            if signing_key is not None:
+                from grandrounds.store.signing import sign_head
+
+                sign_head(store, outcome.summary["run_id"], signing_key)
+                outcome.summary["signed_head"] = {"key_id": signing_key.key_id}
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
     except (StoreError, ReplayDivergence) as exc:

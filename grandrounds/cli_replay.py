@@ -69,6 +69,21 @@ def _json_option(f):
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(f)
 
 
+def _key_option(f):
+    return click.option("--key-file", default=None, metavar="PATH",
+                        help="Signing key file (HMAC-SHA256 of run heads); default: $GRANDROUNDS_SIGNING_KEY. "
+                             "Never written to the database.")(f)
+
+
+def _load_key(key_file, as_json):
+    from grandrounds.store.signing import SigningKeyError, load_key
+
+    try:
+        return load_key(key_file)
+    except SigningKeyError as exc:
+        fail(str(exc), 2, as_json)
+
+
 # --- replay ------------------------------------------------------------------------------------
 
 
@@ -101,9 +116,11 @@ def _json_option(f):
                    "and in the report beside the replay.")
 @click.option("--plot", "plot_path", default=None, metavar="PNG", help="Draw the curves and their mean band.")
 @click.option("--report", "report_path", default=None, metavar="HTML", help="Write a self-contained HTML report.")
+@click.option("--key-file", default=None, metavar="PATH",
+              help="Sign the heads of the runs this replay writes (default: $GRANDROUNDS_SIGNING_KEY if set).")
 @_json_option
 def replay(db, source, count, seed, original, policy, ablations, sets, backbone, model, tag, workers,
-           live_fallthrough, base_url, baseline, plot_path, report_path, as_json):
+           live_fallthrough, base_url, baseline, plot_path, report_path, key_file, as_json):
     """Replay a run's case log in K seeded orders (order sensitivity), or under a counterfactual policy.
 
     A run made with a model is replayed from its recorded exchanges (exit code 1 when a
@@ -118,6 +135,7 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
     for p, what in ((plot_path, "--plot"), (report_path, "--report")):
         if p and not Path(p).resolve().parent.exists():
             fail(f"{what} {p!r}: directory does not exist", 2, as_json)
+    key = _load_key(key_file, as_json)
     store = _open(db, as_json, read_only=False)
     with store:
         def go():
@@ -166,6 +184,12 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
                 fail(f"{exc} (connection or server errors, not model answers)", 1, as_json)
             finally:
                 bar.close()
+            if key is not None:
+                from grandrounds.store.signing import sign_head
+
+                for r in result["runs"] + result.get("baseline", {}).get("runs", []):
+                    sign_head(store, r["run_id"], key)
+                result["signed_by"] = key.key_id
             if notes:
                 result["notes"] = notes
             if plot_path:
@@ -201,22 +225,61 @@ def _progress(total: int, unit: str, quiet: bool):
 @main.command()
 @_db_option
 @click.argument("run_id", metavar="RUN")
+@_key_option
 @_json_option
-def verify(db, run_id, as_json):
-    """Re-execute RUN from its own log; report whether the fingerprint is identical.
+def verify(db, run_id, key_file, as_json):
+    """Check RUN's hash chain, completeness and (with a key) signed head, then re-execute it from its
+    own log (a model run from its recorded exchanges) and compare.
 
-    Exit code 0 when identical with an intact hash chain, 1 on a divergence or a broken chain.
+    Exit code 0 when verified (identical, complete, chain intact, signed head valid if a key is
+    given), 1 otherwise.
     """
     from grandrounds.app import make_cache
     from grandrounds.replay_output import render_verify
     from grandrounds.replay.verify import verify_run
 
+    key = _load_key(key_file, as_json)
     store = _open(db, as_json, read_only=False)
     with store:
-        result = _guarded(as_json, lambda: verify_run(store, run_id, make_cache(store)))
+        result = _guarded(as_json, lambda: verify_run(store, run_id, make_cache(store), key=key))
     _emit(dict(result, db=db), as_json, None if as_json else render_verify(result))
     if not result["ok"]:
         sys.exit(1)
+
+
+@main.command()
+@_db_option
+@click.argument("run_ids", metavar="RUN...", nargs=-1)
+@click.option("--all", "all_runs", is_flag=True, help="Sign every run in the file.")
+@_key_option
+@_json_option
+def sign(db, run_ids, all_runs, key_file, as_json):
+    """Sign the head of RUN (last seq, event count, chain value) with the signing key.
+
+    `run` and `replay` sign the runs they write when a key is set; this signs runs written without
+    one (a Kafka worker's, an older file's) as they stand now. The key is never stored.
+    """
+    from grandrounds.replay.caselog import UnknownRun
+    from grandrounds.store.signing import sign_head
+
+    key = _load_key(key_file, as_json)
+    if key is None:
+        fail("no signing key: set GRANDROUNDS_SIGNING_KEY or pass --key-file", 2, as_json)
+    if bool(run_ids) == all_runs:
+        fail("give run ids or --all (one of them)", 2, as_json)
+    store = _open(db, as_json, read_only=False)
+    with store:
+        def go():
+            ids = [r.run_id for r in store.runs()] if all_runs else list(run_ids)
+            for rid in ids:
+                if not store.has_run(rid):
+                    raise UnknownRun(f"no run {rid!r} in {db}")
+            return {"key_id": key.key_id, "signed": {rid: sign_head(store, rid, key).as_dict() for rid in ids}}
+
+        result = _guarded(as_json, go)
+    _emit(dict(result, db=db), as_json,
+          None if as_json else "\n".join(f"signed {rid}: seq {h['last_seq']}, {h['events']} events (key {result['key_id']})"
+                                         for rid, h in result["signed"].items()))
 
 
 # --- audit -------------------------------------------------------------------------------------

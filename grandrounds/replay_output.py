@@ -57,11 +57,13 @@ def render_replay(res: dict, db: str) -> str:
 
 def render_verify(res: dict) -> str:
     ok = res["ok"]
-    lines = [click.style(f"verify {res['run_id']}: {'IDENTICAL' if ok else 'DIVERGED' if not res['identical'] else 'TAMPERED'}",
-                         bold=True, fg="green" if ok else "red")]
+    verdict = ("VERIFIED (IDENTICAL)" if ok else "TAMPERED" if not res["chain_intact"] else
+               "INCOMPLETE" if res["complete"] is False else "DIVERGED" if not res["identical"] else "NOT VERIFIED")
+    lines = [click.style(f"verify {res['run_id']}: {verdict}", bold=True, fg="green" if ok else "red")]
     lines.append(f"  recorded     {res['fingerprint']}")
-    lines.append(f"  re-executed  {res['replayed_fingerprint']}")
-    lines.append(f"  events {res['events']} · cases {res['cases']}{'' if res['complete'] else ' (run incomplete: compared its recorded prefix)'}")
+    lines.append(f"  re-executed  {res['replayed_fingerprint']}"
+                 + ("  (model exchanges served from the run's own record)" if res.get("replayed_from_record") else ""))
+    lines.append(f"  events {res['events']} · cases {res['cases']} · {res['completeness']}")
     d = res["first_divergence"]
     if d:
         lines.append(f"  first divergence at seq {d['seq']} (case {d['case_id']}): "
@@ -69,10 +71,17 @@ def render_verify(res: dict) -> str:
         lines.append(f"    recorded:    {short(str(d['recorded']), 110)}")
         lines.append(f"    re-executed: {short(str(d['replayed']), 110)}")
     if res["chain_intact"]:
-        lines.append("  hash chain   intact")
+        lines.append(f"  hash chain   intact (v{res['chain_version']})")
     else:
         lines.append(click.style(f"  hash chain   BROKEN at seq {res['chain_break_seq']}: an event was modified "
                                  "outside the event store API", fg="red"))
+    h = res["signed_head"]
+    lines.append(click.style(f"  signed head  {h['status']}: {h['detail']}",
+                             fg="green" if h["status"] == "valid" else None if h["status"] == "not checked" else "red"))
+    for w in res.get("warnings", []):
+        lines.append(click.style(f"  warning      {w}", fg="yellow"))
+    for r in res.get("reasons", []):
+        lines.append(click.style(f"  not verified {r}", fg="red"))
     return "\n".join(lines)
 
 

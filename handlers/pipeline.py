@@ -22,7 +22,8 @@ from grandrounds.handlers.govern import govern
 from grandrounds.handlers.reflect import reflect
 from grandrounds.handlers.retrieve import retrieve
 from grandrounds.handlers.tools import ToolBox
-from grandrounds.store.event_types import AnswerGiven, CaseCompleted, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
+from grandrounds.store.event_types import (AnswerGiven, CaseCompleted, FeedbackRecorded, MemoryRetrieved,
+                                           ReflectionRecorded, RunCompleted)
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.llm_events import CaseFailed
 
@@ -95,6 +96,7 @@ async def process_case(ctx: RunContext, case: Case | FhirCase, index: int,
         # runs from it, so a failed case never changes memory.
         p.completed = CaseCompleted(index=index, correct=False)
         ctx.writer.emit(p.completed, case_id=case.case_id)
+        close_run_if_done(ctx)
         await on_stage("govern")
         return p.completed
     if p.feedback is None:
@@ -108,5 +110,13 @@ async def process_case(ctx: RunContext, case: Case | FhirCase, index: int,
             p.reflection = result
         await on_stage("reflect")
     p.completed = await govern(ctx, case, index, p.feedback)
+    close_run_if_done(ctx)
     await on_stage("govern")
     return p.completed
+
+
+def close_run_if_done(ctx: RunContext) -> None:
+    """After the last declared case's `case.completed`, in the same batch: `run.completed`."""
+    state = ctx.projection.state
+    if state.completes_run:
+        ctx.writer.emit(RunCompleted(cases=state.cases_completed, correct=state.correct))

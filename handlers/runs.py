@@ -34,11 +34,12 @@ class RunSpec(BaseModel):
     memory_from: dict[str, Any] | None = None
     """Offline mode: {run_id, seq, chain} of the run whose memory this run starts from."""
 
-    def started_event(self, embedder: str) -> RunStarted:
+    def started_event(self, embedder: str, cases: int | None = None) -> RunStarted:
+        """`cases`: how many cases the run is started with (declared, so a cut log shows)."""
         return RunStarted(policy_name=self.policy.name, policy=policy_to_dict(self.policy),
                           backbone=self.backbone, model=self.model, seed=self.seed, lag=self.lag,
                           embedder=embedder, tools=dict(sorted(self.tools.items())), source=self.source,
-                          agent=dict(sorted(self.agent.items())), memory_from=self.memory_from)
+                          agent=dict(sorted(self.agent.items())), memory_from=self.memory_from, cases=cases)
 
     def default_run_id(self) -> str:
         # Fields added later count only when set, so existing runs keep their ids.
@@ -83,23 +84,32 @@ def read_spec(store: EventStore, run_id: str) -> RunSpec | None:
     return spec_of(started)
 
 
+def declared_cases(store: EventStore, run_id: str) -> int | None:
+    """The case count a run's `run.started` declared (None: none declared, or no such run)."""
+    first = store.read(run_id, upto_seq=0)
+    if not first or not isinstance(started := first[0].decode(), RunStarted):
+        return None
+    return started.cases
+
+
 def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCache,
              seeded: MemorySeeded | None = None, started_meta: dict[str, Any] | None = None,
-             **backbone_opts) -> tuple[RunContext, str]:
+             cases: int | None = None, **backbone_opts) -> tuple[RunContext, str]:
     """A context for the run, creating it (RunStarted at seq 0) or resuming it.
 
     `seeded` (offline mode, with `spec.memory_from`): the source run's memory, written as
     the run's second event when the run is created. `started_meta`: meta of the RunStarted
     event when the run is created (never state: where a tool-task environment's files were,
-    for re-execution). Returns the context and how its projection was obtained
-    (new/checkpoint/rebuild).
+    for re-execution). `cases`: the case count a new run declares in `run.started` (a resumed run
+    keeps the count it declared; a different one is a mismatch). Returns the context and how its
+    projection was obtained (new/checkpoint/rebuild).
     """
     if (seeded is None) != (spec.memory_from is None) and not store.has_run(run_id):
         raise ValueError("memory_from and the seeded memory go together")
     opened = open_projection(store, run_id, cache)
     proj = opened.projection
     writer = EventWriter(store, run_id, proj)
-    started = spec.started_event(cache.embedder.name)
+    started = spec.started_event(cache.embedder.name, cases)
     if proj.seq < 0:
         writer.emit(started, meta=started_meta)
         if seeded is not None:
@@ -107,7 +117,10 @@ def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCach
         writer.flush()
     else:
         recorded = store.read(run_id, upto_seq=0)[0].decode()
-        if recorded != started:
+        if cases is not None and recorded.cases is not None and recorded.cases != cases:
+            raise RunMismatch(f"run {run_id!r} was started with {recorded.cases} cases, not {cases}; "
+                              "resume it with the same cases, or choose another --run-id")
+        if recorded != started.model_copy(update={"cases": recorded.cases}):
             raise RunMismatch(
                 f"run {run_id!r} already exists with a different configuration: {spec_difference(recorded, started)}; "
                 "choose another --run-id"

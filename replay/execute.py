@@ -63,7 +63,8 @@ class JobResult:
 def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec,
             cases: Sequence[Case], backbone_options: dict | None = None,
             flush_every: int = FLUSH_EVERY, checkpoint: bool = True,
-            seeded: MemorySeeded | None = None, environment=None) -> tuple[MemoryProjection, int]:
+            seeded: MemorySeeded | None = None, environment=None,
+            declared: int | None | str = "all") -> tuple[MemoryProjection, int]:
     """Create or resume `run_id` in `store` and process every case not yet completed.
 
     Into a scratch store, events are appended every `flush_every` cases (the embedded runner's
@@ -72,13 +73,16 @@ def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec
     a commit per stage, and a DuckDB transaction per case would cost more than the handlers
     themselves. A run interrupted in the middle of a case is finished by the embedded runner,
     which knows how to resume a case from its recorded stages. `environment`: the tool-task environment
-    FHIR cases need (opened by the caller, as `grandrounds run` does).
+    FHIR cases need (opened by the caller, as `grandrounds run` does). `declared`: the case count
+    `run.started` declares — "all" (default) for len(cases); verify passes the recorded run's own
+    (None for runs written before runs declared it), so the re-execution writes the same bytes.
     """
     # A tool-task run records its environment in the `run.started` meta, as `grandrounds run` does, so
     # it can be verified and replayed in turn (meta: never part of the fingerprint).
     record = getattr(environment, "record", None)
     ctx, _ = open_run(store, run_id, spec, cache, seeded=seeded,
-                      started_meta=record.meta() if record is not None else None, **(backbone_options or {}))
+                      started_meta=record.meta() if record is not None else None,
+                      cases=len(cases) if declared == "all" else declared, **(backbone_options or {}))
     ctx.environment = environment
 
     # Group commit into the scratch store, by count only: nothing reads the scratch log while the

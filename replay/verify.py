@@ -4,8 +4,12 @@ The run's spec (first event) and case log (`case.received` payloads) are all a r
 needs. It runs into a scratch in-memory store sharing the embedding cache, and its events
 are compared with the recorded ones as (seq, type, payload) — what the fingerprint covers —
 so a difference is reported as the first event that differs, with the first differing field.
-The recorded log's hash chain is checked too: an event edited behind the API's back breaks
-the chain at that seq even when its content would replay the same.
+The recorded log's hash chain is checked first, for every run: an event edited behind the API's
+back breaks the chain at that seq even when its content would replay the same. With a signing key
+the run's signed head is checked against the log (a log rewritten and re-chained from genesis no
+longer matches it). A run whose log is not whole (fewer completed cases than `run.started`
+declares, or no `run.completed`) is never reported identical. Runs made with a model are served
+their own recorded exchanges by request hash: no endpoint is needed.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 
 from grandrounds.handlers.cases import FhirCase
 from grandrounds.handlers.environments.base import EnvironmentRecord
+from grandrounds.handlers.llm.errors import ReplayDivergence
+from grandrounds.handlers.llm.record import RecordedExchanges
 from grandrounds.replay.caselog import case_log, require_spec, seeded_memory
 from grandrounds.replay.environment import EnvironmentUnavailable, fhir_case_log  # noqa: F401 (fhir_case_log: re-exported)
 from grandrounds.replay.environment import recorded_environment as _recorded_environment
@@ -25,6 +31,7 @@ from grandrounds.store.canonical import canonical_json
 from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.events import StoredEvent
+from grandrounds.store.signing import SigningKey, check_head
 
 
 class NotVerifiable(EnvironmentUnavailable):
@@ -93,13 +100,67 @@ def compare_logs(recorded: list[StoredEvent], replayed: list[StoredEvent]) -> Di
     return None
 
 
-def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache) -> dict:
-    """The DESIGN §8 verify object, plus the first divergence and the chain check."""
+MODEL_BACKBONES = ("openai", "record")
+
+
+def _completeness(store: EventStore, run_id: str, chain_version: int | None) -> dict:
+    """Whether the log holds the whole run: every declared case completed and `run.completed` written.
+
+    A run written before runs declared their case count (no `cases` in `run.started`, v1 chain) can
+    only be judged by "every received case completed", which a cut at a case boundary passes: such a
+    run is reported with `complete: null` and a warning, never as proven whole."""
+    started = store.read(run_id, upto_seq=0)
+    declared = started[0].payload.get("cases") if started and started[0].type == "run.started" else None
+    counts = dict(store.conn.execute(
+        "SELECT type, count(*) FROM events WHERE run_id = ? AND type IN "
+        "('case.received', 'case.completed', 'run.completed') GROUP BY type", [run_id]).fetchall())
+    received, completed = int(counts.get("case.received", 0)), int(counts.get("case.completed", 0))
+    run_completed = int(counts.get("run.completed", 0)) > 0
+    out = {"declared_cases": declared, "received_cases": received, "completed_cases": completed,
+           "run_completed": run_completed}
+    if isinstance(declared, int):
+        if completed < declared or not run_completed:
+            missing = [] if run_completed else ["no run.completed event"]
+            if completed < declared:
+                missing.insert(0, f"{completed} of {declared} declared cases completed")
+            return dict(out, complete=False, completeness="incomplete: " + ", ".join(missing))
+        return dict(out, complete=True, completeness=f"all {declared} declared cases completed, run.completed present")
+    if chain_version == 1:
+        whole = received == completed
+        return dict(out, complete=None if whole else False,
+                    completeness=("legacy run (written before runs declared their case count): every received "
+                                  "case completed, but a cut at a case boundary cannot be seen") if whole else
+                    f"incomplete: {completed} of {received} received cases completed")
+    return dict(out, complete=False, completeness="incomplete: run.started declares no case count")
+
+
+def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: SigningKey | None = None) -> dict:
+    """The DESIGN §8 verify object: the chain, the signed head (with a key), completeness, then
+    re-execution (model runs are served their own recorded exchanges: no endpoint is called).
+
+    `identical` is true only for a complete run whose re-execution gives the recorded events; `ok`
+    also needs an intact chain, and with a key a valid signed head matching the log."""
     spec = require_spec(store, run_id)
-    if spec.backbone != "sim":
-        raise NotVerifiable(
-            f"run {run_id!r} used the {spec.backbone!r} backbone: verify re-executes runs whose backbone "
-            "is offline and deterministic (sim); model runs need the record backend to be re-served")
+    chain = store.check_chain(run_id)  # first, for every run: it reads nothing but the rows
+    head = check_head(store, run_id, key)
+    whole = _completeness(store, run_id, chain.version)
+    warnings, reasons = [], []
+    if chain.version == 1:
+        warnings.append("chain v1 (written before the chain covered run id and meta): an edit of run_id or "
+                        "meta is not detected by it")
+    if whole["complete"] is None:
+        warnings.append(whole["completeness"])
+    if head.status == "not checked" and head.signed is not None:
+        warnings.append("the run has a signed head: give the key (GRANDROUNDS_SIGNING_KEY or --key-file) to check it")
+
+    backbone_options = None
+    if spec.backbone in MODEL_BACKBONES:
+        # A model run re-executes against its own recorded exchanges, served by request hash: no
+        # endpoint, no key, and a request the record does not hold is a divergence, never a live call.
+        backbone_options = {"recorded": RecordedExchanges.from_store(store, run_id), "live_fallthrough": False}
+    elif spec.backbone != "sim":
+        raise NotVerifiable(f"run {run_id!r} used the {spec.backbone!r} backbone: verify re-executes sim runs and "
+                            "model runs (openai, record) from their recorded exchanges")
     record = recorded_environment(store, run_id)
     if record is None:
         cases = case_log(store, run_id)
@@ -107,20 +168,21 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache) -> dict:
     else:
         cases = fhir_case_log(store, run_id)
         opened = reopen_environment(record, run_id, spec.source, cases, store)
-    head = store.last_seq(run_id)
-    completed = store.conn.execute(
-        "SELECT count(*) FROM events WHERE run_id = ? AND type = 'case.completed'", [run_id]).fetchone()[0]
-    chain_break = store.verify_chain(run_id)
+    head_seq = store.last_seq(run_id)
+    declared = whole["declared_cases"] if isinstance(whole["declared_cases"], int) else None
 
     scratch = EventStore(":memory:")
+    replay_error = None
     try:
-        with opened as environment:  # a FHIR run's sandbox: up for the re-execution only
-            execute(scratch, cache, run_id, spec, cases, checkpoint=False, seeded=seeded_memory(store, run_id),
-                    environment=environment)
-        complete = completed == len(cases)
-        # An interrupted run's log ends inside a case that the re-execution finishes: compare
-        # the prefix the recorded log has.
-        upto = None if complete else head
+        try:
+            with opened as environment:  # a FHIR run's sandbox: up for the re-execution only
+                execute(scratch, cache, run_id, spec, cases, checkpoint=False, seeded=seeded_memory(store, run_id),
+                        environment=environment, backbone_options=backbone_options, declared=declared)
+        except ReplayDivergence as exc:
+            replay_error = f"the re-execution asked for a model exchange the record does not hold: {exc}"
+        # An interrupted run's log ends inside a case that the re-execution finishes: compare the
+        # prefix the recorded log has (for the divergence report; such a run is never identical).
+        upto = None if whole["complete"] is not False else head_seq
         recorded = store.read(run_id)
         replayed = scratch.read(run_id, upto_seq=upto)
         divergence = compare_logs(recorded, replayed)
@@ -129,19 +191,40 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache) -> dict:
     finally:
         scratch.close()
     cache.flush()
-    identical = fingerprint == replayed_fp and divergence is None
+    same = fingerprint == replayed_fp and divergence is None and replay_error is None
+    identical = same and whole["complete"] is not False
+    if chain.break_seq is not None:
+        reasons.append(f"hash chain broken at seq {chain.break_seq}")
+    if whole["complete"] is False:
+        reasons.append(whole["completeness"])
+    if replay_error:
+        reasons.append(replay_error)
+    elif not same:
+        reasons.append("the re-execution differs from the log" +
+                       (f" (first at seq {divergence.seq})" if divergence else ""))
+    if key is not None and not head.ok:
+        reasons.append(f"signed head: {head.status} ({head.detail})")
     return {
         "run_id": run_id,
         "fingerprint": fingerprint,
         "replayed_fingerprint": replayed_fp,
         "identical": identical,
-        "events": head + 1,
+        "events": head_seq + 1,
         "cases": len(cases),
-        "complete": complete,
+        "complete": whole["complete"],
+        "completeness": whole["completeness"],
+        "declared_cases": whole["declared_cases"],
+        "completed_cases": whole["completed_cases"],
+        "backbone": spec.backbone,
+        "replayed_from_record": backbone_options is not None,
         "first_divergence": divergence.as_dict() if divergence else None,
-        "chain_intact": chain_break is None,
-        "chain_break_seq": chain_break,
-        "ok": identical and chain_break is None,
+        "chain_intact": chain.break_seq is None,
+        "chain_break_seq": chain.break_seq,
+        "chain_version": chain.version,
+        "signed_head": head.as_dict(),
+        "warnings": warnings,
+        "reasons": reasons,
+        "ok": not reasons,
     }
 
 

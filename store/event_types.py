@@ -44,8 +44,12 @@ class RunStarted(GrowingPayload):
     memory_from: dict[str, Any] | None = None
     """Offline mode: the run whose memory this run starts from ({run_id, seq, chain}); the
     memory itself follows as `memory.seeded`."""
+    cases: int | None = None
+    """How many cases the run was started with (the case file's, or the submitter's count). When
+    the last of them completes the run appends `run.completed`; `verify` reports a run with fewer
+    completed cases, or without that event, as incomplete. None: written before runs declared it."""
 
-    omit_if_default: ClassVar[frozenset[str]] = frozenset({"agent", "memory_from"})
+    omit_if_default: ClassVar[frozenset[str]] = frozenset({"agent", "memory_from", "cases"})
 
 
 @event("memory.seeded")
@@ -291,6 +295,17 @@ class ToolLabelChanged(EventPayload):
 class CaseCompleted(EventPayload):
     index: int
     correct: bool
+
+
+@event("run.completed")
+class RunCompleted(EventPayload):
+    """The last case `run.started` declared has completed: the run's log is whole.
+
+    Without it a log cut at a case boundary (its last cases' events deleted) looks like a
+    finished shorter run; with it such a cut is visible without any key."""
+
+    cases: int
+    correct: int
 
 
 # Registers the gateway's `llm.exchange` and `case.failed` types, so every reader of a log can

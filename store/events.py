@@ -145,9 +145,16 @@ class StoredEvent:
     payload_json: str | None = field(default=None, compare=False, repr=False)
     """The payload's canonical JSON where the writer already computed it (for the chain hash), so the
     INSERT and the changelog do not serialise it again. Not part of the event's identity."""
+    meta_json: str | None = field(default=None, compare=False, repr=False)
+    """The same for meta (the chain covers a digest of it)."""
 
     def canonical_payload(self) -> str:
         return self.payload_json if self.payload_json is not None else canonical_json(self.payload)
+
+    def canonical_meta(self) -> str:
+        if self.meta_json is not None:
+            return self.meta_json
+        return canonical_json(self.meta) if self.meta else "{}"
 
     def decode(self) -> EventPayload:
         """The payload as its current typed model (upcast when stored at an older version)."""

@@ -7,24 +7,27 @@ batched INSERT at ~80k+, and `executemany` is not atomic). Writers use optimisti
 concurrency: they state the last seq they saw and lose with `ConcurrencyConflict` if
 another writer got there first.
 
-Each event also carries `chain`, a sha256 linking it to its predecessor, so an edit made
-to the file behind the API's back is detectable (`verify_chain`).
+Each event also carries `chain`, a sha256 linking it, and every column stored for it, to its
+predecessor (`store.integrity`), so an edit made to the file behind the API's back is detectable
+(`check_chain`).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import duckdb
 
-from grandrounds.store.canonical import canonical_json, sha256_hex
+from grandrounds.store import integrity
+from grandrounds.store.canonical import canonical_json
 from grandrounds.store.events import NewEvent, StoredEvent
 
-GENESIS = sha256_hex("grandrounds/event-chain/v1")
+GENESIS = integrity.GENESIS_V1
+"""The genesis of v1 chains (files written before the chain covered run id and meta)."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -83,16 +86,35 @@ def event_line(seq: int, type_: str, payload_json: str) -> str:
     return f"[{seq},{json.dumps(type_, ensure_ascii=False)},{payload_json}]"
 
 
-def _chain_link(prev: str, seq: int, type_: str, version: int, case_id, causation, payload_json: str) -> str:
-    body = canonical_json([seq, type_, version, case_id, causation])
-    return sha256_hex(f"{prev}\n{body}\n{payload_json}")
+def chain_of(prev: str, e: StoredEvent, trust_cached: bool = True) -> str:
+    """The chain value event `e` must carry after `prev`, by the rule (version) `prev` was made with.
+
+    `trust_cached=False` re-serialises payload and meta instead of using the JSON a writer cached on
+    the row: rows from elsewhere (an import) are checked on what they hold, not on what they claim."""
+    payload = e.canonical_payload() if trust_cached else canonical_json(e.payload)
+    meta = e.canonical_meta() if trust_cached else (canonical_json(e.meta) if e.meta else "{}")
+    return integrity.link(prev, integrity.version_of(prev), e.run_id, e.seq, e.type, e.schema_version, e.case_id,
+                          e.causation_seq, payload, meta)
 
 
 def _continues(head: tuple[int, str], first: StoredEvent) -> bool:
     """Whether a prepared row is the next one after `head` (its seq, and its chain link from the head's)."""
-    return first.seq == head[0] + 1 and first.chain == _chain_link(
-        head[1], first.seq, first.type, first.schema_version, first.case_id, first.causation_seq,
-        first.canonical_payload())
+    return first.seq == head[0] + 1 and first.chain == chain_of(head[1], first)
+
+
+@dataclass(frozen=True)
+class ChainCheck:
+    """What recomputing a run's chain from its genesis found."""
+
+    version: int | None
+    """Chain version of the run (1: legacy, run id and meta not covered); None for no events."""
+    break_seq: int | None
+    """First seq whose stored chain value does not follow (or a missing seq); None when intact."""
+    events: int
+    """Rows read for the run."""
+    head_seq: int
+    head_chain: str | None
+    """Last seq and its stored chain value (what a signed head names)."""
 
 
 class EventStore:
@@ -143,10 +165,10 @@ class EventStore:
         row = conn.execute(
             "SELECT seq, chain FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", [run_id]
         ).fetchone()
-        return (int(row[0]), row[1]) if row else (-1, GENESIS)
+        return (int(row[0]), row[1]) if row else (-1, integrity.genesis(run_id))
 
     def head(self, run_id: str) -> tuple[int, str]:
-        """(last seq, its chain hash) of a run; (-1, GENESIS) when the run has no events."""
+        """(last seq, its chain hash) of a run; (-1, the run's genesis) when the run has no events."""
         head = self._read_head(self.conn, run_id)
         with self._heads_lock:
             self._heads[run_id] = head
@@ -268,7 +290,7 @@ class EventStore:
             return
         cols = list(zip(*[
             (e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
-             e.canonical_payload(), canonical_json(e.meta), e.chain) for e in rows
+             e.canonical_payload(), e.canonical_meta(), e.chain) for e in rows
         ]))
         conn.execute(
             "INSERT INTO events SELECT * FROM (SELECT "
@@ -288,15 +310,19 @@ class EventStore:
     @staticmethod
     def _build_rows(run_id: str, events: Sequence[NewEvent], head: tuple[int, str]) -> list[StoredEvent]:
         seq, chain = head
+        chain_version = integrity.version_of(chain)
         out = []
         for ev in events:
             seq += 1
             payload = ev.payload_dict()
             payload_json = canonical_json(payload)
+            meta = dict(ev.meta)
+            meta_json = canonical_json(meta) if meta else "{}"
             version = ev.payload.schema_version
-            chain = _chain_link(chain, seq, ev.type, version, ev.case_id, ev.causation_seq, payload_json)
+            chain = integrity.link(chain, chain_version, run_id, seq, ev.type, version, ev.case_id, ev.causation_seq,
+                                   payload_json, meta_json)
             out.append(StoredEvent(run_id, seq, ev.type, version, ev.case_id, ev.causation_seq,
-                                   payload, dict(ev.meta), chain, payload_json))
+                                   payload, meta, chain, payload_json, meta_json))
         return out
 
     def import_events(self, events: Sequence[StoredEvent]) -> None:
@@ -310,18 +336,20 @@ class EventStore:
         run_id = events[0].run_id
         head = self.head(run_id)
         seq, chain = head
+        if seq < 0 and integrity.version_of(events[0].chain) == 1:
+            chain = integrity.GENESIS_V1  # a legacy (v1) run copied verbatim keeps its chain
         for ev in events:
             if ev.run_id != run_id or ev.seq != seq + 1:
                 raise StoreError(f"import of {run_id!r} is not contiguous at seq {ev.seq} (log at {seq})")
-            chain = _chain_link(chain, ev.seq, ev.type, ev.schema_version, ev.case_id, ev.causation_seq,
-                                canonical_json(ev.payload))
+            chain = chain_of(chain, ev, trust_cached=False)
             if chain != ev.chain:
                 raise StoreError(f"import of {run_id!r}: chain hash mismatch at seq {ev.seq}")
             seq = ev.seq
         conn = self.conn
         conn.execute("BEGIN TRANSACTION")
         try:
-            self._insert_rows(conn, events)
+            # What was checked is what is written: never a JSON text cached on a row from elsewhere.
+            self._insert_rows(conn, [replace(e, payload_json=None, meta_json=None) for e in events])
             conn.execute("COMMIT")
         except (duckdb.ConstraintException, duckdb.TransactionException) as exc:
             self._rollback_quietly(conn)
@@ -410,27 +438,41 @@ class EventStore:
 
     def verify_chain(self, run_id: str) -> int | None:
         """First seq whose stored chain hash does not follow from its content, or None if intact."""
-        chain = GENESIS
+        return self.check_chain(run_id).break_seq
+
+    def check_chain(self, run_id: str) -> ChainCheck:
+        """Recompute the run's chain from its genesis over every stored column.
+
+        The version is read from the first row's chain value (v2 values say so); every later row
+        must follow by the same rule, so a log cannot switch rules part-way through.
+        """
         cur = self._root.cursor()
+        version: int | None = None
+        chain = ""
+        expected_seq = 0
+        head_chain: str | None = None
         try:
             cur.execute(
-                "SELECT seq, type, schema_version, case_id, causation_seq, payload, chain "
+                "SELECT seq, type, schema_version, case_id, causation_seq, payload, meta, chain "
                 "FROM events WHERE run_id = ? ORDER BY seq", [run_id]
             )
-            expected_seq = 0
             while rows := cur.fetchmany(10_000):
-                for seq, type_, version, case_id, causation, payload, stored in rows:
+                for seq, type_, schema, case_id, causation, payload, meta, stored in rows:
+                    if version is None:
+                        version = integrity.version_of(stored)
+                        chain = integrity.genesis(run_id, version)
                     if int(seq) != expected_seq:
-                        return expected_seq
-                    payload_json = canonical_json(json.loads(payload))
-                    chain = _chain_link(chain, int(seq), type_, int(version), case_id,
-                                        None if causation is None else int(causation), payload_json)
+                        return ChainCheck(version, expected_seq, expected_seq, expected_seq - 1, head_chain)
+                    chain = integrity.link(chain, version, run_id, int(seq), type_, int(schema), case_id,
+                                           None if causation is None else int(causation),
+                                           canonical_json(json.loads(payload)), canonical_json(json.loads(meta)))
                     if chain != stored:
-                        return int(seq)
+                        return ChainCheck(version, int(seq), expected_seq + 1, int(seq), stored)
+                    head_chain = stored
                     expected_seq += 1
         finally:
             cur.close()
-        return None
+        return ChainCheck(version, None, expected_seq, expected_seq - 1, head_chain)
 
     def save_offset(self, consumed: ConsumedOffset) -> None:
         """Store a Kafka position that carries no events (a skipped duplicate, a restore point)."""

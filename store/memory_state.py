@@ -68,6 +68,9 @@ class MemoryState:
     rules_added: int = 0
     episodes_added: int = 0
     last_seq: int = -1
+    declared_cases: int | None = None
+    """The case count `run.started` declared (None for runs written before runs declared it)."""
+    run_completed: bool = False
     policy_memory: Any = None
     """The part holding another policy's memory (store/policy_memory.py); the projection folds it."""
 
@@ -83,6 +86,7 @@ class MemoryState:
     # --- per event type --------------------------------------------------------------
 
     def _run_started(self, seq: int, e: ev.RunStarted) -> None:
+        self.declared_cases = e.cases
         for name in sorted(e.tools):
             self.tools.setdefault(name, ToolRecord(name))
 
@@ -145,6 +149,15 @@ class MemoryState:
         self.cases_completed += 1
         self.correct += int(e.correct)
 
+    def _run_completed(self, seq: int, e: ev.RunCompleted) -> None:
+        self.run_completed = True
+
+    @property
+    def completes_run(self) -> bool:
+        """Whether the run has just completed its last declared case and not yet said so."""
+        return (self.declared_cases is not None and not self.run_completed
+                and self.cases_completed >= self.declared_cases)
+
     def counts(self) -> dict:
         """Memory counts for run summaries."""
         active = self.active_rules()
@@ -176,4 +189,5 @@ _FOLD = {
     ev.RuleRetired: MemoryState._rule_retired,
     ev.ToolLabelChanged: MemoryState._tool_label,
     ev.CaseCompleted: MemoryState._case_completed,
+    ev.RunCompleted: MemoryState._run_completed,
 }

@@ -2,8 +2,8 @@
 
 A part is the fold of one policy's events plus its vector indexes (`SkillMemory`,
 `SelsmMemory`, `ExperienceMemory`). The projection creates the part named by the run's
-policy when it sees `run.started`, feeds it every event after the common fold, and pickles
-it with the checkpoint. Parts are looked up lazily so that a log of one policy never
+policy when it sees `run.started`, feeds it every event after the common fold, and saves
+it with the checkpoint (store/safe_codec.py). Parts are looked up lazily so that a log of one policy never
 imports another's code.
 """
 
@@ -33,6 +33,14 @@ class PolicyMemory(Protocol):
     def counts(self) -> dict[str, Any]:
         """Memory counts for run summaries (merged into `memory` of the run summary)."""
         ...
+
+
+def import_part(policy_name) -> None:
+    """Import the module of a policy's memory part, so a checkpoint naming its classes can load them
+    (the checkpoint codec never imports anything itself)."""
+    path = _PARTS.get(policy_name) if isinstance(policy_name, str) else None
+    if path is not None:
+        importlib.import_module(path.partition(":")[0])
 
 
 def part_for(policy_name: str, dim: int, exact_limit: int) -> PolicyMemory | None:

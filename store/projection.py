@@ -1,15 +1,16 @@
 """The memory projection: state fold + HNSW indexes, kept live, checkpointed, rebuildable.
 
 The live path applies each stage's events as they are appended; `rebuild` folds the whole
-log. Both go through `apply`, so they cannot drift apart. A checkpoint is the pickled
-projection together with the seq and chain hash it reflects: on open, a checkpoint whose
-hash no longer matches the log at that seq (or written by another projection version) is
+log. Both go through `apply`, so they cannot drift apart. A checkpoint is the projection in
+the safe checkpoint format (`store.safe_codec`: JSON and raw numeric arrays, never a pickle, so a
+blob planted in the file cannot run code) together with the seq and chain hash it reflects: on
+open, a checkpoint whose hash no longer matches the log at that seq, that was written by another
+projection version, or that does not decode to a projection at that very seq and hash, is
 dropped and the projection rebuilt; one that is merely behind is caught up.
 """
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,10 +20,11 @@ from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.events import EventPayload, StoredEvent, payload_class, upcast
 from grandrounds.store.memory_state import MemoryState
-from grandrounds.store.policy_memory import part_for
+from grandrounds.store.policy_memory import import_part, part_for
+from grandrounds.store.safe_codec import CheckpointFormatError, decode, encode
 from grandrounds.store.vector_index import VectorIndex
 
-PROJECTION_VERSION = 2  # 2: policy memory parts, memory.seeded
+PROJECTION_VERSION = 3  # 2: policy memory parts, memory.seeded; 3: safe checkpoint format (pickles refused)
 CHECKPOINT_NAME = "memory"
 
 CHECKPOINT_SCHEMA = """CREATE TABLE IF NOT EXISTS checkpoints (
@@ -31,6 +33,8 @@ CHECKPOINT_SCHEMA = """CREATE TABLE IF NOT EXISTS checkpoints (
 
 
 class MemoryProjection:
+    _checkpoint_skip = ("_cache",)  # the embedding cache is bound after loading, never saved
+
     def __init__(self, dim: int, exact_limit: int = 4096):
         self.dim = dim
         self.exact_limit = exact_limit
@@ -41,16 +45,11 @@ class MemoryProjection:
         self.rule_by_label: dict[int, str] = {}
         self.episode_by_label: dict[int, str] = {}
         self.last_chain: str | None = None
-        self._cache: EmbeddingCache | None = None  # not pickled
+        self._cache: EmbeddingCache | None = None  # not saved in checkpoints
 
     def bind(self, cache: EmbeddingCache) -> "MemoryProjection":
         self._cache = cache
         return self
-
-    def __getstate__(self):
-        d = dict(self.__dict__)
-        d["_cache"] = None
-        return d
 
     @property
     def seq(self) -> int:
@@ -128,12 +127,12 @@ class Checkpoint:
 
 
 def checkpoint_of(proj: MemoryProjection) -> Checkpoint | None:
-    """Snapshot the projection now (a pickle: well under a millisecond for a small memory); None
-    before its first event. Writing it is the slow part (`write_checkpoint`), and can happen
-    later, on another thread, while the projection moves on."""
+    """Snapshot the projection now (`safe_codec.encode`); None before its first event. Writing it
+    is the slow part (`write_checkpoint`), and can happen later, on another thread, while the
+    projection moves on."""
     if proj.seq < 0 or proj.last_chain is None:
         return None
-    return Checkpoint(proj.seq, proj.last_chain, pickle.dumps(proj, protocol=pickle.HIGHEST_PROTOCOL))
+    return Checkpoint(proj.seq, proj.last_chain, encode(proj))
 
 
 def write_checkpoint(store: EventStore, run_id: str, checkpoint: Checkpoint | None) -> None:
@@ -170,10 +169,33 @@ def open_projection(store: EventStore, run_id: str, cache: EmbeddingCache,
         elif at is None or at[0] != chain:
             reason = f"checkpoint at seq {seq} does not match the log"
         else:
-            proj: MemoryProjection = pickle.loads(data)
-            proj.bind(cache)
-            if seq == head_seq:
-                return OpenedProjection(proj, "checkpoint")
-            proj.apply_stored(store.read(run_id, after_seq=seq))
-            return OpenedProjection(proj, "checkpoint+catch-up")
+            loaded = _load(store, run_id, bytes(data), seq, chain)
+            if isinstance(loaded, str):
+                reason = loaded
+            else:
+                loaded.bind(cache)
+                if seq == head_seq:
+                    return OpenedProjection(loaded, "checkpoint")
+                loaded.apply_stored(store.read(run_id, after_seq=seq))
+                return OpenedProjection(loaded, "checkpoint+catch-up")
     return OpenedProjection(rebuild(store, run_id, cache, exact_limit=exact_limit), f"rebuild: {reason}")
+
+
+def _load(store: EventStore, run_id: str, data: bytes, seq: int, chain: str) -> MemoryProjection | str:
+    """The checkpointed projection, or why it cannot be used (then the caller rebuilds).
+
+    The blob is decoded by `safe_codec` (no code in it can run) and must be a projection that
+    itself says it reflects `seq` with chain value `chain`, the ones checked against the log."""
+    started = store.read(run_id, upto_seq=0)
+    if started and started[0].type == ev.RunStarted.event_type:
+        import_part(started[0].payload.get("policy_name"))  # its classes, named by the log, not by the blob
+    try:
+        proj = decode(data)
+    except (CheckpointFormatError, ValueError, TypeError, RecursionError) as exc:
+        return f"checkpoint at seq {seq} is not a safe checkpoint ({exc})"
+    if not isinstance(proj, MemoryProjection) or not isinstance(getattr(proj, "state", None), MemoryState):
+        return f"checkpoint at seq {seq} does not hold a memory projection"
+    if proj.seq != seq or proj.last_chain != chain:
+        return f"checkpoint at seq {seq} holds a projection of another point of the log"
+    proj._cache = None
+    return proj

@@ -1189,7 +1189,7 @@ class RunActor:
         spec = d.body.spec
         try:
             # Publish run.started before writing it, as every batch (see _process).
-            started = NewEvent(spec.started_event(w.cache.embedder.name))
+            started = NewEvent(spec.started_event(w.cache.embedder.name, d.body.cases))
             batch = w.store.preview(self.run_id, [started], -1)
         except Exception as exc:  # noqa: BLE001
             await self._fail(d, "failed", f"run cannot be opened: {exc!r}")
@@ -1201,7 +1201,7 @@ class RunActor:
         if w.publish_changelog is not None:
             await w.publish_changelog(batch)
         try:
-            self.ctx, _how = open_run(w.store, self.run_id, spec, w.cache, **w.backbone_opts)
+            self.ctx, _how = open_run(w.store, self.run_id, spec, w.cache, cases=d.body.cases, **w.backbone_opts)
         except RunMismatch as exc:
             await self._fail(d, "rejected", str(exc))
             return
