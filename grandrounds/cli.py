@@ -10,7 +10,7 @@ from contextlib import nullcontext
 import click
 
 from grandrounds import __version__
-from grandrounds.errors import BAD_INPUT, fail
+from grandrounds.errors import BAD_INPUT, discard_on_bad_input, fail, keep_written
 from grandrounds.output import render_run
 
 
@@ -104,11 +104,15 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
     from grandrounds.backbone_choice import attach_record, choose_backbone
     from grandrounds.handlers.environments.medagentbench.run import looks_like_task_file, mab_options_given, prepare_medagentbench
 
+    from grandrounds.store.dbfile import db_file
     from grandrounds.store.signing import load_key
 
     setup = None
     try:
         signing_key = load_key(key_file)
+        db_path = db_file(db)  # before anything is read or written: --db is a DuckDB file or nothing yet
+        record_db = db_file(record_db) if record_db else None
+        memory_db = db_file(memory_db) if memory_db else None
         pol = with_ablations(load_policy(policy), list(ablations))
         if env == "medagentbench":
             setup = prepare_medagentbench(cases_file, funcs, patients, fhir_base, tuple(task_types), limit,
@@ -168,10 +172,12 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
 
     if backbone == "openai" and (not choice.record_from or live_fallthrough):
         _preflight(base_url, choice.model, as_json)  # before anything is opened or written
+    if not os.path.exists(db_path):
+        discard_on_bad_input(db_path)  # a run that ends in exit 2 leaves no new file behind
     try:
-        with EventStore(db) as store:
+        with EventStore(db_path) as store:
             if choice.record_from:
-                if record_db and os.path.abspath(record_db) != os.path.abspath(db):
+                if record_db and os.path.abspath(record_db) != db_path:
                     with EventStore(record_db, read_only=True) as src:
                         attach_record(choice, src)
                 else:
@@ -243,6 +249,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
         if "per_task_type" in summary:
             click.echo("  task types   " + ", ".join(f"task{k}: {v['correct']}/{v['tasks']}"
                                                    for k, v in summary["per_task_type"].items()))
+    keep_written()
 
 
 def _announce_model_load(bar) -> None:

@@ -61,6 +61,7 @@ def run_on_kafka(cases, spec, *, broker: str, db: str, run_id: str | None, note:
     from grandrounds.cli import _progress
     from grandrounds.handlers.backbones import make_backbone
     from grandrounds.replay.metrics import run_summary
+    from grandrounds.store.dbfile import db_file
     from grandrounds.store.eventstore import EventStore, StoreError
     from grandrounds.streams.producer import RunFailed, follow_run, submit_run
     from grandrounds.streams.topics import DEFAULT_PREFIX, Topics
@@ -75,7 +76,7 @@ def run_on_kafka(cases, spec, *, broker: str, db: str, run_id: str | None, note:
     if timeout is None and os.environ.get("GRANDROUNDS_KAFKA_TIMEOUT"):
         timeout = float(os.environ["GRANDROUNDS_KAFKA_TIMEOUT"])
     try:
-        with EventStore(db) as store:
+        with EventStore(db_file(db)) as store:
             rid = run_id or unique_run_id(store, spec.default_run_id(), spec)
             bar = _progress(len(cases), as_json)
             try:
@@ -134,7 +135,13 @@ def worker(broker, db, group, name, topic_prefix, partitions, replication_factor
     from grandrounds.store.eventstore import StoreError
     from grandrounds.streams.kafka_app import KafkaWorkerApp, WorkerSettings
 
+    from grandrounds.store.dbfile import NotADuckDBFile, db_file
+
     bootstrap = _bootstrap(broker, as_json)
+    try:
+        db = db_file(db)
+    except NotADuckDBFile as exc:
+        fail(str(exc), 2, as_json)
     _logging(not quiet)
     opts = {k: v for k, v in (("base_url", base_url), ("max_steps", max_steps)) if v is not None}
     settings = WorkerSettings(bootstrap, db=db, group_id=group, name=name, prefix=topic_prefix,
@@ -232,7 +239,13 @@ def collect(broker, db, run_ids, topic_prefix, as_json):
     from grandrounds.streams.producer import collect as collect_changelog
     from grandrounds.streams.topics import Topics
 
+    from grandrounds.store.dbfile import NotADuckDBFile, db_file
+
     bootstrap = _bootstrap(broker, as_json)
+    try:
+        db = db_file(db)
+    except NotADuckDBFile as exc:
+        fail(str(exc), 2, as_json)
     try:
         with EventStore(db) as store:
             tally = asyncio.run(collect_changelog(bootstrap, store, Topics(topic_prefix), run_ids=list(run_ids)))

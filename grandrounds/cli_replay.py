@@ -30,12 +30,15 @@ def _bad_input() -> tuple[type[Exception], ...]:
 
 
 def _open(db: str, as_json: bool, read_only: bool):
+    from grandrounds.store.dbfile import NotADuckDBFile, db_file
     from grandrounds.store.eventstore import EventStore, StoreError
 
     if not Path(db).exists():
         fail(f"no database file {db!r} (give --db the file a run wrote)", 2, as_json)
     try:
-        return EventStore(db, read_only=read_only)
+        return EventStore(db_file(db), read_only=read_only)
+    except NotADuckDBFile as exc:
+        fail(str(exc), 2, as_json)
     except StoreError as exc:
         fail(str(exc), 1, as_json)
 
@@ -380,8 +383,9 @@ def audit_diff(db, run_a, run_b, limit, as_json):
 @click.option("--out", required=True, metavar="PATH", help="Output file: .parquet or .jsonl.")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default=None,
               help="Default: from the extension of --out.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists (never the database itself).")
 @_json_option
-def export(db, run_ids, all_runs, out, fmt, as_json):
+def export(db, run_ids, all_runs, out, fmt, force, as_json):
     """Export runs' events (the stored envelopes, payload and meta as JSON) to Parquet or JSON Lines."""
     from grandrounds.replay_output import render_export
     from grandrounds.replay.export import ExportError, export_runs
@@ -394,7 +398,7 @@ def export(db, run_ids, all_runs, out, fmt, as_json):
                 if ids:
                     raise ExportError("give run ids or --all, not both")
                 ids = [r.run_id for r in store.runs()]
-            return export_runs(store, ids, out, fmt)
+            return export_runs(store, ids, out, fmt, force=force)
 
         result = _guarded(as_json, go)
     _emit(result, as_json, None if as_json else render_export(result))

@@ -108,14 +108,8 @@ def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCach
         raise ValueError("memory_from and the seeded memory go together")
     opened = open_projection(store, run_id, cache)
     proj = opened.projection
-    writer = EventWriter(store, run_id, proj)
     started = spec.started_event(cache.embedder.name, cases)
-    if proj.seq < 0:
-        writer.emit(started, meta=started_meta)
-        if seeded is not None:
-            writer.emit(seeded)
-        writer.flush()
-    else:
+    if proj.seq >= 0:
         recorded = store.read(run_id, upto_seq=0)[0].decode()
         if cases is not None and recorded.cases is not None and recorded.cases != cases:
             raise RunMismatch(f"run {run_id!r} was started with {recorded.cases} cases, not {cases}; "
@@ -125,7 +119,15 @@ def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCach
                 f"run {run_id!r} already exists with a different configuration: {spec_difference(recorded, started)}; "
                 "choose another --run-id"
             )
+    # The backbone is built before anything is written: one that cannot be built (no API key, say)
+    # is bad input, and a refused command writes nothing.
     backbone = make_backbone(spec.backbone, spec.model, **{**backbone_opts, **spec.agent})
+    writer = EventWriter(store, run_id, proj)
+    if proj.seq < 0:
+        writer.emit(started, meta=started_meta)
+        if seeded is not None:
+            writer.emit(seeded)
+        writer.flush()
     ctx = RunContext(run_id=run_id, policy=spec.policy, backbone=backbone, projection=proj, writer=writer,
                      seed=spec.seed, tools=dict(spec.tools))
     return ctx, opened.how

@@ -3,11 +3,16 @@
 Each exported row is the stored envelope: run_id, seq, type, schema_version, case_id,
 causation_seq, payload, meta, chain. Payloads are not upcast: an export is the record,
 so its fingerprint and hash chain can be re-checked from the file alone.
+
+The file is written under a temporary name in the target's directory and renamed into place
+once complete, so an interrupted export leaves no partial file at the target. The target may not
+be the database being read, and an existing file is replaced only when asked (`force`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from grandrounds.replay.caselog import require_spec
@@ -34,15 +39,39 @@ def format_of(path: str, fmt: str | None) -> str:
     raise ExportError(f"cannot tell the format of {path!r} from its extension: use .parquet or .jsonl, or --format")
 
 
-def export_runs(store: EventStore, run_ids: list[str], out: str, fmt: str | None = None) -> dict:
+def _check_target(store: EventStore, path: Path, force: bool) -> None:
+    db = Path(os.path.abspath(store.path)) if store.path != ":memory:" else None
+    if db is not None and (path == db or path == Path(f"{db}.wal") or
+                           (path.exists() and db.exists() and os.path.samefile(path, db))):
+        raise ExportError(f"--out {str(path)!r} is the database being exported ({store.path}); choose another file")
+    if path.is_dir():
+        raise ExportError(f"--out {str(path)!r} is a directory")
+    if path.exists() and not force:
+        raise ExportError(f"--out {str(path)!r} exists; pass --force to replace it")
+
+
+def export_runs(store: EventStore, run_ids: list[str], out: str, fmt: str | None = None, force: bool = False) -> dict:
     if not run_ids:
         raise ExportError("no runs to export")
     for rid in run_ids:
         require_spec(store, rid)
     fmt = format_of(out, fmt)
-    path = Path(out)
-    if not path.parent.exists():
-        raise ExportError(f"directory {str(path.parent)!r} does not exist")
+    final = Path(os.path.abspath(out))
+    if not final.parent.exists():
+        raise ExportError(f"directory {str(Path(out).parent)!r} does not exist")
+    _check_target(store, final, force)
+    path = final.with_name(f".{final.name}.partial-{os.getpid()}")
+    try:
+        n = _write(store, run_ids, path, fmt)
+        os.replace(path, final)  # atomic within the directory: the target is whole or untouched
+    finally:
+        if path.exists():
+            path.unlink()
+    return {"runs": run_ids, "format": fmt, "path": str(out), "events": int(n),
+            "fingerprints": {rid: store.fingerprint(rid) for rid in run_ids}}
+
+
+def _write(store: EventStore, run_ids: list[str], path: Path, fmt: str) -> int:
     where = "run_id IN (SELECT unnest(?::VARCHAR[]))"
     if fmt == "parquet":
         # COPY takes no parameters: run ids (known to exist) go in as escaped literals.
@@ -66,7 +95,8 @@ def export_runs(store: EventStore, run_ids: list[str], out: str, fmt: str | None
                                           ensure_ascii=False)
                         fh.write(f'{head[:-1]},"payload":{r[6]},"meta":{r[7]},"chain":{json.dumps(r[8])}}}\n')
                         n += 1
+                fh.flush()
+                os.fsync(fh.fileno())
         finally:
             cur.close()
-    return {"runs": run_ids, "format": fmt, "path": str(path), "events": int(n),
-            "fingerprints": {rid: store.fingerprint(rid) for rid in run_ids}}
+    return int(n)

@@ -15,6 +15,7 @@ predecessor (`store.integrity`), so an edit made to the file behind the API's ba
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ import duckdb
 
 from grandrounds.store import integrity
 from grandrounds.store.canonical import canonical_json
+from grandrounds.store.dbfile import check_db_file
 from grandrounds.store.events import NewEvent, StoredEvent
 
 GENESIS = integrity.GENESIS_V1
@@ -122,8 +124,14 @@ class EventStore:
 
     def __init__(self, path: str | Path = ":memory:", read_only: bool = False):
         self.path = str(path)
+        target = self.path
+        if target != ":memory:":
+            # A file, whatever its name: absolute (no DuckDB prefix such as md: can match), and a
+            # DuckDB file if it exists (DuckDB would open a .json/.csv as a throwaway database).
+            target = os.path.abspath(target)
+            check_db_file(target)
         try:
-            self._root = duckdb.connect(self.path, read_only=read_only)
+            self._root = duckdb.connect(target, read_only=read_only)
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 raise StoreBusy(

@@ -12,7 +12,8 @@ from grandrounds.cli import main
 from grandrounds.replay.stats import outcomes_of
 from replay_fixtures import recorded_db  # noqa: F401
 from grandrounds.store.canonical import canonical_json
-from grandrounds.store.eventstore import GENESIS, EventStore, _chain_link, event_line
+from grandrounds.store import integrity
+from grandrounds.store.eventstore import EventStore, event_line
 
 
 def _export(db, *args):
@@ -31,11 +32,12 @@ def test_jsonl_export_is_the_record_fingerprint_and_chain_included(recorded_db, 
         stored = store.read("teach")
     assert [r["seq"] for r in rows] == list(range(len(rows))) and {r["run_id"] for r in rows} == {"teach"}
     # The fingerprint and the hash chain can be recomputed from the file alone.
-    h, chain = hashlib.sha256(), GENESIS
+    h, chain = hashlib.sha256(), integrity.genesis("teach")
     for r in rows:
         payload = canonical_json(r["payload"])
         h.update(event_line(r["seq"], r["type"], payload).encode() + b"\n")
-        chain = _chain_link(chain, r["seq"], r["type"], r["schema_version"], r["case_id"], r["causation_seq"], payload)
+        chain = integrity.link(chain, 2, r["run_id"], r["seq"], r["type"], r["schema_version"], r["case_id"],
+                               r["causation_seq"], payload, canonical_json(r["meta"]))
         assert chain == r["chain"]
     assert h.hexdigest() == summary["fingerprints"]["teach"]
     assert rows[5]["payload"] == stored[5].payload and rows[5]["meta"] == stored[5].meta

@@ -1,0 +1,60 @@
+"""What `--db` may name: a DuckDB database file, or a path where none exists yet.
+
+DuckDB's `connect` reads meaning into a path: an existing `.json`/`.jsonl`/`.csv` file is opened
+as a throwaway in-memory database over that file (a run then "succeeds" and persists nothing),
+`:memory:` is no file at all, and prefixes such as `md:` load an extension that reaches the
+network. A path given on the command line is a file name, nothing more: `db_file` makes it
+absolute (so no prefix can match) and `check_db_file` refuses anything that exists and is not a
+DuckDB database file (its header carries `DUCK` at byte 8).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DUCKDB_MAGIC = b"DUCK"
+_MAGIC_AT = 8
+
+
+class NotADuckDBFile(ValueError):
+    """`--db` names something that is not a DuckDB database file (bad input: exit code 2)."""
+
+
+def is_duckdb_file(path: str | Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_MAGIC_AT + len(DUCKDB_MAGIC))
+    except OSError:
+        return False
+    return head[_MAGIC_AT:] == DUCKDB_MAGIC
+
+
+def check_db_file(path: str | Path) -> None:
+    """Refuse a path that exists and is not a DuckDB file, or whose directory does not exist."""
+    p = Path(path)
+    if p.is_dir():
+        raise NotADuckDBFile(f"--db {str(path)!r} is a directory, not a DuckDB database file")
+    if p.exists():
+        if not is_duckdb_file(p):
+            what = f"a {p.suffix} file" if p.suffix else "a file"
+            raise NotADuckDBFile(f"--db {str(path)!r} is {what} that is not a DuckDB database; give the .duckdb file a "
+                                 "run wrote, or a path where none exists yet")
+    elif not p.parent.is_dir():
+        raise NotADuckDBFile(f"--db {str(path)!r}: directory {str(p.parent)!r} does not exist")
+
+
+def db_file(db: str | Path) -> str:
+    """A command line's `--db` as the absolute path of a DuckDB file (checked; ':' is just a character)."""
+    path = os.path.abspath(os.fspath(db))
+    check_db_file(path)
+    return path
+
+
+def remove_new_file(path: str | Path) -> None:
+    """Delete a database file (and its WAL) that the failing command itself created."""
+    for p in (Path(path), Path(f"{path}.wal")):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
