@@ -75,6 +75,12 @@ def _field_of(err: dict) -> str:
     return ".".join(loc) if loc else "(line)"
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of a JSONL text: split at \n only (a trailing \r dropped). `str.splitlines` would also
+    split at U+2028, U+0085, \x0c ..., which are legal inside JSON strings, and misnumber lines."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
 def parse_cases(lines: list[str], path: str) -> list[Case]:
     cases: list[Case] = []
     seen: dict[str, int] = {}
@@ -85,10 +91,24 @@ def parse_cases(lines: list[str], path: str) -> list[Case]:
             data = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise CaseFileError(path, number, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise CaseFileError(path, number, None, "not a case: JSON nested too deeply") from None
+        except ValueError as exc:  # e.g. an integer past Python's digit limit
+            raise CaseFileError(path, number, None, f"not valid JSON ({exc})") from None
         if not isinstance(data, dict):
             raise CaseFileError(path, number, None, "a case must be a JSON object")
         try:
+            # Everything a case holds is hashed as UTF-8 later (events, fingerprints): a \ud800-style
+            # escape of half a surrogate pair decodes but cannot be encoded, so refuse it here.
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise CaseFileError(path, number, None, "contains an unpaired surrogate escape (\\ud800-\\udfff)") from None
+        except (RecursionError, ValueError):
+            raise CaseFileError(path, number, None, "not a case: JSON nested too deeply") from None
+        try:
             case = Case.model_validate(data)
+        except RecursionError:
+            raise CaseFileError(path, number, None, "not a case: JSON nested too deeply") from None
         except ValidationError as exc:
             err = exc.errors()[0]
             msg = err["msg"].removeprefix("Value error, ")
@@ -107,12 +127,26 @@ def load_cases(path: str | Path) -> tuple[list[Case], str]:
     """All cases of a JSONL file, validated before anything runs, and the file's sha256."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise CaseFileError(str(path), None, None, "file not found") from None
+    except IsADirectoryError:
+        raise CaseFileError(str(path), None, None, "is a directory, not a case file") from None
+    return parse_case_text(data, str(path))
+
+
+def parse_case_text(data: bytes, path: str) -> tuple[list[Case], str]:
+    """`load_cases` on the bytes of a file named `path` (in messages): the cases and the bytes' sha256
+    as UTF-8 text. Raises CaseFileError (bad input, naming path and line) and nothing else."""
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise CaseFileError(str(path), None, None, f"not UTF-8 text ({exc.reason})") from None
-    return parse_cases(text.splitlines(), str(path)), sha256_hex(text)
+        line = data[:exc.start].count(b"\n") + 1
+        raise CaseFileError(path, line, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    # Newlines as text mode reads them (\r\n and \r become \n), so the file's hash, which names
+    # the run's source, is what it was when files were read with Path.read_text.
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return parse_cases(jsonl_lines(text), path), sha256_hex(text)
 
 
 class FhirCaseView(BaseModel):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -27,6 +28,7 @@ from typing import Callable, Sequence
 
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.runs import RunSpec, open_run
+from grandrounds.replay.orphans import die_with_parent
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.event_types import MemorySeeded
@@ -226,7 +228,8 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
     try:
         seed = tmp / "seed.duckdb"
         _seed_file(target, seed)
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                 initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             pending = [(j, pool.submit(_worker, j.run_id, j.spec.model_dump(mode="json"),
                                        [c.model_dump(mode="json") for c in j.cases], str(seed),
                                        target.read(j.run_id),

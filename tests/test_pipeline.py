@@ -123,14 +123,14 @@ def test_rebuild_from_the_log_equals_the_live_projection(example_cases, evo_spec
 
 
 def test_hnsw_path_is_deterministic_and_survives_a_checkpoint(example_cases, evo_spec, store):
-    import pickle
+    from grandrounds.store.safe_codec import decode, encode
 
     run_in(store, example_cases, evo_spec)
     cache = EmbeddingCache(shared_minilm())
     a = rebuild(store, "r", cache, exact_limit=8)
     b = rebuild(store, "r", cache, exact_limit=8)
     assert a.episode_index.uses_hnsw and a.rule_index.uses_hnsw
-    c = pickle.loads(pickle.dumps(a)).bind(cache)
+    c = decode(encode(a)).bind(cache)  # the checkpoint format, hnswlib graphs included
     exact = rebuild(store, "r", cache)
     for case in example_cases[:20]:
         q = a.embed(case.question)
