@@ -180,13 +180,15 @@ def test_a_worker_hands_back_its_events_and_the_vectors_it_had_to_embed(db_copy,
 
 
 def test_a_replay_interrupted_part_way_resumes_to_the_same_runs(db_copy):
-    from grandrounds.app import run_cases
+    from grandrounds.app import make_cache
+    from grandrounds.replay.execute import execute
     from grandrounds.replay.order_replay import plan_replay
 
     whole = json.loads(_replay(db_copy, "--permutations", "2", "--seed", "4", "--tag", "whole").stdout)
-    with EventStore(db_copy) as store:  # the same orders, stopped after 10 and 25 cases
+    with EventStore(db_copy) as store:  # the same orders, stopped after 10 and 25 of their 40 declared cases
         for r, stop in zip(plan_replay(store, "src", 2, 4).runs, (10, 25)):
-            run_cases(store, r.job.cases[:stop], r.job.spec, run_id=r.run_id)
+            execute(store, make_cache(store), r.run_id, r.job.spec, r.job.cases[:stop], checkpoint=False,
+                    declared=len(r.job.cases))
     res = _replay(db_copy, "--permutations", "2", "--seed", "4", "--workers", "2")
     assert res.exit_code == 0, res.output
     resumed = json.loads(res.stdout)
