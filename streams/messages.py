@@ -29,7 +29,8 @@ class RunStart(_Message):
     run_id: str = Field(min_length=1)
     spec: RunSpec
     cases: int = Field(ge=0)
-    """How many case messages follow (the submitter's count; informational for the worker)."""
+    """How many case messages follow (the submitter's count): declared in the run's `run.started`, so the
+    worker appends `run.completed` after the last of them and `verify` can tell a whole log from a cut one."""
 
 
 class CaseMessage(_Message):
