@@ -123,3 +123,39 @@ def test_a_sim_run_has_no_record_to_serve(db_copy):
     res, out = _replay(db_copy, "none", "--backbone", "sim")  # a sim counterfactual of a model run
     assert res.exit_code == 0, res.output
     assert out["backbone"] == "sim" and out["counterfactual"] and "llm_calls" not in out["runs"][0]
+
+
+def _verify(db, run_id):
+    res = CliRunner().invoke(main, ["verify", "--db", str(db), run_id, "--json"], env=NO_ENDPOINT)
+    return res, json.loads(res.stdout)
+
+
+def test_verify_re_executes_a_model_run_from_its_own_record_without_an_endpoint(db_copy):
+    for run_id in ("none", "evo"):
+        res, out = _verify(db_copy, run_id)
+        assert res.exit_code == 0, res.output
+        assert out["ok"] and out["identical"] and out["complete"] and out["replayed_from_record"]
+        assert out["backbone"] == "openai" and out["chain_intact"]
+
+
+def test_verify_of_a_record_backbone_run(db_copy, cases, tmp_path):
+    case_file = tmp_path / "cases.jsonl"
+    case_file.write_text("".join(c.model_dump_json() + "\n" for c in cases))
+    res = CliRunner().invoke(main, ["run", str(case_file), "--db", str(db_copy), "--backbone", "record",
+                                    "--record-from", "evo", "--run-id", "evo-again", "--json"], env=NO_ENDPOINT)
+    assert res.exit_code == 0, res.output
+    res, out = _verify(db_copy, "evo-again")
+    assert res.exit_code == 0 and out["identical"] and out["replayed_from_record"], res.output
+
+
+def test_verify_checks_a_model_runs_chain_first(db_copy):
+    import duckdb
+
+    con = duckdb.connect(str(db_copy))
+    seq, payload = con.execute("SELECT seq, payload FROM events WHERE run_id = 'evo' AND type = 'llm.exchange' "
+                               "ORDER BY seq LIMIT 1").fetchone()
+    forged = dict(json.loads(payload), response="forged reply")
+    con.execute("UPDATE events SET payload = ? WHERE run_id = 'evo' AND seq = ?", [json.dumps(forged), seq])
+    con.close()
+    res, out = _verify(db_copy, "evo")
+    assert res.exit_code == 1 and not out["chain_intact"] and out["chain_break_seq"] == seq
