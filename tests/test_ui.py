@@ -3,7 +3,7 @@
 
 One database per module: `teach` (the seven-case stream where a rule taught by teach-1 answers
 learn-1, and rule-00001 is patched, demoted and retired), two order replays of it, `tools`
-(twelve example cases with a reliable and an unreliable simulated tool) and `skills` (SkeMex).
+(twelve example cases with a reliable and an unreliable simulated tool) and `skills` (SkeMex, 3-case windows).
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ def ui_db(tmp_path_factory) -> Path:
         run_cases(store, load_cases(EXAMPLES)[0][:12],
                   RunSpec(policy=EvoMedAgentPolicy(), source="ex-12", tools={"ddx-lookup": 0.95, "triage-score": 0.1}),
                   run_id="tools", cache=cache)
-        run_cases(store, teach, RunSpec(policy=load_policy("skemex"), source="teaching"), run_id="skills", cache=cache)
+        # windows of 3 cases, so skills are distilled early enough for later cases to retrieve them
+        skemex = load_policy("skemex").model_copy(update={"window": 3})
+        run_cases(store, teach, RunSpec(policy=skemex, source="teaching"), run_id="skills", cache=cache)
         execute_plan(store, make_cache(store), plan_replay(store, "teach", 2, 0), workers=1)
     return path
 
@@ -228,10 +230,16 @@ def test_tool_governance_page_shows_labels_and_their_changes(page, base_url):
 
 
 @needs_browser
-def test_skemex_memory_is_listed_as_skills(page, base_url):
+def test_skemex_memory_is_listed_as_skills(page, base_url, ui_db):
     page.goto(base_url + "/runs/skills/memory")
     kinds = set(page.locator("#items tbody tr").evaluate_all("rs => rs.map(r => r.dataset.kind)"))
     assert "rule" not in kinds and "episode" not in kinds
+    with EventStore(ui_db, read_only=True) as store:  # a case that retrieved skills shows them, linked
+        shown = next((e.case_id, e.payload["items"]) for e in store.read("skills", types=["memory.retrieved"])
+                     if e.payload.get("items"))
+    page.goto(base_url + f"/runs/skills/cases/{shown[0]}")
+    assert page.locator("#policy-items tbody tr").count() == len(shown[1])
+    assert shown[1][0]["item_id"] in page.locator("#policy-items").inner_text()
 
 
 @needs_browser

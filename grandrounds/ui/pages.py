@@ -130,7 +130,9 @@ def case_page(store: EventStore, run_id: str, case_ref: str) -> dict:
         timeline.append({"seq": e.seq, "type": e.type, "causation_seq": e.causation_seq, "payload": e.payload,
                          "payload_json": json.dumps(e.payload, indent=2, ensure_ascii=False)})
     exchanges = [t for t in timeline if t["type"] == "llm.exchange"]
-    return {"x": res, "timeline": timeline, "exchanges": exchanges, "n_cases": len(case_indexes(store, run_id))}
+    # SkeMex / SELSM / RetroSum record their retrieval as `items` (kind, id, relevance, score, detail)
+    policy_items = [it for t in timeline if t["type"] == "memory.retrieved" for it in t["payload"].get("items", [])]
+    return {"x": res, "timeline": timeline, "exchanges": exchanges, "policy_items": policy_items, "n_cases": len(case_indexes(store, run_id))}
 
 
 def item_page(store: EventStore, run_id: str, item: str) -> dict:
