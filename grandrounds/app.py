@@ -82,7 +82,10 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
         from grandrounds.replay.task_metrics import EVENT_TYPES, task_metrics
 
         summary["llm"] = llm_usage(store, rid)
-        summary["failed"] = len(summary["llm"]["failed_cases"])
+        # An answered, graded case whose reflection could not be obtained is not a failed case.
+        failures = summary["llm"]["failed_cases"]
+        summary["failed"] = sum(f["stage"] != "reflect" for f in failures)
+        summary["reflections_failed"] = sum(f["stage"] == "reflect" for f in failures)
         if environment is not None and environment.name == "agentclinic":
             # the shortest OSCE dialogue is one turn: the diagnosis
             summary["metrics"] = task_metrics(store.iter(rid, types=EVENT_TYPES))

@@ -18,11 +18,13 @@ class BackboneChoice:
     record_from: str | None = None
     agent: dict = field(default_factory=dict)
     """Agent-loop settings that differ from the defaults; they go into the run spec."""
+    actions: dict | None = None
+    """How agent turns are decoded and the json_schema probe's verdict; goes into the run spec."""
 
 
 def choose_backbone(backbone: str | None, model: str | None, base_url: str | None,
                     record_from: str | None, live_fallthrough: bool, max_steps: int,
-                    summary_every: int = 10) -> BackboneChoice:
+                    summary_every: int = 10, actions: str = "auto", timeout: float = 60.0) -> BackboneChoice:
     """The default is openai only when an endpoint is configured (--base-url or OPENAI_BASE_URL)."""
     endpoint = base_url or os.environ.get("OPENAI_BASE_URL")
     note = ""
@@ -47,7 +49,33 @@ def choose_backbone(backbone: str | None, model: str | None, base_url: str | Non
         return BackboneChoice("openai", model, note, opts, record_from, agent)
     if not model:
         raise BackboneUnavailable("the openai backbone needs --model")
-    return BackboneChoice("openai", model, note, opts, agent=agent)
+    return BackboneChoice("openai", model, note, opts, agent=agent,
+                          actions=choose_actions(actions, model, base_url, timeout))
+
+
+def choose_actions(requested: str, model: str, base_url: str | None, timeout: float) -> dict[str, str]:
+    """`auto`: probe once whether the server enforces json_schema; schema-decoded turns if it does,
+    the text protocol otherwise. `schema` insists (a server that rejects json_schema is an error);
+    `text` does not probe."""
+    if requested == "text":
+        return {"mode": "text", "json_schema": "not-probed"}
+    import asyncio
+
+    from grandrounds.handlers.agent.actions import probe_json_schema
+    from grandrounds.handlers.backbones.build import live_transport
+
+    async def probe() -> str:
+        transport = live_transport(base_url, None, timeout)
+        try:
+            return await probe_json_schema(transport, model)
+        finally:
+            await transport.aclose()
+
+    verdict = asyncio.run(probe())
+    if requested == "schema" and verdict in ("rejected", "unreachable"):
+        raise BackboneUnavailable(f"--actions schema: the server's json_schema probe came back {verdict}")
+    mode = "schema" if requested == "schema" or verdict == "enforced" else "text"
+    return {"mode": mode, "json_schema": verdict}
 
 
 def attach_record(choice: BackboneChoice, source_store) -> None:
@@ -64,4 +92,5 @@ def attach_record(choice: BackboneChoice, source_store) -> None:
         raise BackboneUnavailable(f"--model {choice.model} differs from the recorded run's model {spec.model}")
     choice.model = spec.model
     choice.agent = dict(spec.agent)  # re-execute with the recorded run's agent bounds
+    choice.actions = dict(spec.actions) if spec.actions else None  # and its action decoding, never re-probed
     choice.options["recorded"] = RecordedExchanges.from_store(source_store, choice.record_from)

@@ -39,6 +39,10 @@ def main() -> None:
 @click.option("--max-steps", default=7, show_default=True, type=click.IntRange(min=1), help="Agent steps per case (openai).")
 @click.option("--summary-every", default=10, show_default=True, type=click.IntRange(min=0),
               help="RetroSum: summarise the whole history every W agent steps (openai; 0 = off).")
+@click.option("--actions", type=click.Choice(["auto", "schema", "text"]), default="auto", show_default=True,
+              help="openai, MCQ cases: how agent turns are decoded. auto: probe once whether the server enforces "
+                   "json_schema, then decode each turn against a schema of its legal moves where it does (schema), "
+                   "else the <reasoning>/<tool>/<response> text protocol (text). Recorded in run.started.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
               help="Cases in flight; 0 = strict order (the embedded runner is always strict).")
@@ -87,7 +91,7 @@ def main() -> None:
                    "The key is never written to the database.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_attempts, record_from, record_db,
-        live_fallthrough, max_steps, summary_every, seed, lag, broker, sim_tools, commit, commit_every, commit_ms,
+        live_fallthrough, max_steps, summary_every, actions, seed, lag, broker, sim_tools, commit, commit_every, commit_ms,
         ablations, memory_from, memory_db, keep_learning,
         env, funcs, patients, fhir_base, task_types, fhir_protocol, max_rounds, limit, max_turns, key_file, as_json):
     """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern.
@@ -138,7 +142,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
                                  "--env medagentbench --funcs funcs_v1.json --patients patients_from_snapshot.json")
             cases, source = load_cases(cases_file)
         choice = choose_backbone(backbone, model, base_url, record_from, live_fallthrough, max_steps,
-                                 summary_every)
+                                 summary_every, actions if env == "cases" else "text", timeout)
         if memory_db and not memory_from:
             raise ValueError("--memory-db needs --memory-from RUN")
         if memory_from and not keep_learning and "writing" in type(pol).model_fields:
@@ -153,7 +157,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
             name, r = parse_tool_spec(spec)
             tools[name] = r
         run_spec = RunSpec(policy=pol, backbone=backbone, model=choice.model, seed=seed, lag=lag, tools=tools,
-                           source=source, agent=choice.agent)
+                           source=source, agent=choice.agent, actions=choice.actions if env == "cases" else None)
         if broker != "memory":  # Kafka transport: submit, wait on the changelog, summarise
             if memory_from:
                 raise ValueError("--memory-from runs on the embedded runner only (omit --broker)")
@@ -183,7 +187,8 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
                 else:
                     attach_record(choice, store)
                     run_id = run_id or f"{choice.record_from}-record"  # not the recorded run itself
-                run_spec = run_spec.model_copy(update={"model": choice.model, "agent": choice.agent})
+                run_spec = run_spec.model_copy(update={"model": choice.model, "agent": choice.agent,
+                                                       "actions": choice.actions})
             seeded = None
             if memory_from:
                 from grandrounds.offline import seed_memory

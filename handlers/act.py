@@ -1,12 +1,14 @@
 """Stage 2, act: the backbone answers the case from its gold-free view and the rendered memory.
 
-MCQ cases answer with an option letter. FHIR tasks (kind `fhir`) are acted on through the
+MCQ cases answer with an option letter, or `NO_ANSWER` (source `none`) when the agent gave no
+valid answer: that case is still graded (wrong) and reflected on. FHIR tasks (kind `fhir`) are acted on through the
 environment's FHIR tools; their answer is the FINISH payload, and the trajectory the environment
 executed is recorded as the answer's steps (what feedback grades).
 """
 
 from __future__ import annotations
 
+from grandrounds.handlers.agent.react import NO_ANSWER
 from grandrounds.handlers.backbones.base import CaseFailure, records_exchanges
 from grandrounds.handlers.cases import CaseView, FhirCaseView
 from grandrounds.handlers.context import RunContext
@@ -39,7 +41,7 @@ async def act(ctx: RunContext, view: CaseView | FhirCaseView, memory: MemoryRetr
         failed = CaseFailed(stage="act", reason=exc.reason, steps=exc.steps, termination=exc.termination)
         ctx.writer.emit(failed, case_id=view.case_id)
         return failed
-    if answer.answer not in view.options:
+    if answer.answer not in view.options and not (answer.answer == NO_ANSWER and answer.source == "none"):
         raise ActError(f"case {view.case_id}: backbone answered {answer.answer!r}, not an option")
     ctx.writer.emit(answer, case_id=view.case_id)
     return answer

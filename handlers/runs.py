@@ -33,17 +33,21 @@ class RunSpec(BaseModel):
     """Agent-loop settings that differ from the defaults: max_steps, summary_every (model backbones)."""
     memory_from: dict[str, Any] | None = None
     """Offline mode: {run_id, seq, chain} of the run whose memory this run starts from."""
+    actions: dict[str, str] | None = None
+    """Model backbones: {"mode": "schema"|"text", "json_schema": probe verdict}; None = text protocol."""
 
     def started_event(self, embedder: str, cases: int | None = None) -> RunStarted:
         """`cases`: how many cases the run is started with (declared, so a cut log shows)."""
         return RunStarted(policy_name=self.policy.name, policy=policy_to_dict(self.policy),
                           backbone=self.backbone, model=self.model, seed=self.seed, lag=self.lag,
                           embedder=embedder, tools=dict(sorted(self.tools.items())), source=self.source,
-                          agent=dict(sorted(self.agent.items())), memory_from=self.memory_from, cases=cases)
+                          agent=dict(sorted(self.agent.items())), memory_from=self.memory_from, cases=cases,
+                          actions=dict(sorted(self.actions.items())) if self.actions else None)
 
     def default_run_id(self) -> str:
         # Fields added later count only when set, so existing runs keep their ids.
-        data = self.model_dump(mode="json", exclude={k for k in ("agent", "memory_from") if not getattr(self, k)})
+        data = self.model_dump(mode="json", exclude={k for k in ("agent", "memory_from", "actions")
+                                                         if not getattr(self, k)})
         return f"{self.policy.name}-{content_hash(data)[:10]}"
 
 
@@ -54,7 +58,7 @@ class RunMismatch(ValueError):
 def spec_of(started: RunStarted) -> RunSpec:
     return RunSpec(policy=policy_from_dict(started.policy), backbone=started.backbone, model=started.model,
                    seed=started.seed, lag=started.lag, tools=started.tools, source=started.source,
-                   agent=started.agent, memory_from=started.memory_from)
+                   agent=started.agent, memory_from=started.memory_from, actions=started.actions)
 
 
 def spec_difference(recorded: RunStarted, asked: RunStarted) -> str:
@@ -121,7 +125,8 @@ def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCach
             )
     # The backbone is built before anything is written: one that cannot be built (no API key, say)
     # is bad input, and a refused command writes nothing.
-    backbone = make_backbone(spec.backbone, spec.model, **{**backbone_opts, **spec.agent})
+    actions = {"actions": spec.actions["mode"]} if spec.actions else {}
+    backbone = make_backbone(spec.backbone, spec.model, **{**backbone_opts, **spec.agent, **actions})
     writer = EventWriter(store, run_id, proj)
     if proj.seq < 0:
         writer.emit(started, meta=started_meta)

@@ -6,7 +6,9 @@ Pure functions: they take events (anything with `.type`, `.case_id` and a `.payl
 
 - completed(dᵢ): an `answer.given` was recorded for the case — the agent loop ended with an
   answer within its step budget, including the final-step fallback (an answer aligned from
-  untagged text, source `llm:fallback`), which is how our protocol finishes. An `act`-stage
+  untagged text, source `llm:fallback:statement|conclusion`), which is how our protocol finishes.
+  An answer with source `none` (the agent gave no valid answer; graded wrong and reflected on) is
+  not completed and counts as a timeout, as an act `case.failed` "no valid answer" did before. An `act`-stage
   `case.failed` means not completed.
 - success(dᵢ): completed and graded correct (`case.completed.correct`, which is the exact-match
   grade of `feedback.recorded`). So for MCQ runs SR = 100 × the summary's `accuracy`.
@@ -40,6 +42,8 @@ TC, SR, Q-SR, A-SR and OSR are percentages, ER and QAB fractions, as in the pape
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Protocol
@@ -80,6 +84,8 @@ class TaskRecord:
     action nor the turn limit, so not counted against ER."""
     t_min: int | None = None
     """This task's minimal rounds (its reference solution's), when known; else `osr`'s t_min."""
+    source: str | None = None
+    """`answer.given`'s source: which rule produced the answer (`none`: the agent gave no answer)."""
 
 
 def task_records(events: Iterable[EventLike],
@@ -119,14 +125,16 @@ def task_records(events: Iterable[EventLike],
         r = acc[cid]
         answer, failed = r["answer"], r["failed"]
         steps = (answer or failed or {}).get("steps", [])
-        completed = answer is not None and failed is None
-        ending = termination(failed) if failed is not None else None
+        unanswered = answer is not None and answer.get("source") == "none"  # graded wrong, still reflected on
+        completed = answer is not None and failed is None and not unanswered
+        ending = termination(failed) if failed is not None else ("turn_limit" if unanswered else None)
         out.append(TaskRecord(
             case_id=cid, task_class=r["cls"], completed=completed, success=completed and r["correct"],
             turns=turns_of(steps), tool_calls=sum(s["kind"] == "tool" for s in steps),
             timeout=ending == "turn_limit", invalid=ending == "invalid_action",
-            fallback=answer is not None and answer.get("source") == "llm:fallback",
-            tokens=r["tokens"], act_tokens=r["act_tokens"], error=ending == "error", t_min=r["t_min"]))
+            fallback=answer is not None and str(answer.get("source", "")).startswith("llm:fallback"),
+            tokens=r["tokens"], act_tokens=r["act_tokens"], error=ending == "error", t_min=r["t_min"],
+            source=answer.get("source") if answer is not None else None))
     return out
 
 
@@ -216,6 +224,8 @@ def task_metrics(events: Iterable[EventLike], t_min: int = 1,
         "avg_turns": _mean([r.turns for r in records]),
         "avg_tool_calls": _mean([r.tool_calls for r in records]),
         "fallback_answers": sum(r.fallback for r in records),
+        "unanswered": sum(r.source == "none" for r in records),
+        "answer_sources": dict(sorted(Counter(r.source for r in records if r.source).items())),
         "not_computed": missing,
     }
 

@@ -49,7 +49,12 @@ class RunStarted(GrowingPayload):
     the last of them completes the run appends `run.completed`; `verify` reports a run with fewer
     completed cases, or without that event, as incomplete. None: written before runs declared it."""
 
-    omit_if_default: ClassVar[frozenset[str]] = frozenset({"agent", "memory_from", "cases"})
+    actions: dict[str, str] | None = None
+    """Model backbones on MCQ cases: how agent turns are decoded, {"mode": "schema"|"text",
+    "json_schema": the once-per-run probe's verdict (enforced, not-enforced, rejected, unreachable,
+    or not-probed)}. Absent for runs that predate it (text protocol)."""
+
+    omit_if_default: ClassVar[frozenset[str]] = frozenset({"agent", "memory_from", "cases", "actions"})
 
 
 @event("memory.seeded")

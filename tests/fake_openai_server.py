@@ -170,7 +170,15 @@ class FakeOpenAI:
         rf = body.get("response_format")
         if rf and rf.get("type") == "json_schema" and not self.schema_supported:
             return 400, {"error": {"message": "response_format json_schema is not supported", "type": "invalid"}}, {}
-        return 200, self.completion(body, self._text(kind, body["messages"], action)), {}
+        schema_name = (rf or {}).get("json_schema", {}).get("name")
+        if schema_name == "Probe":  # the json_schema probe: an enforcing server returns the schema's only value
+            word = rf["json_schema"]["schema"]["properties"]["word"]["enum"][0]
+            text = json.dumps({"word": word}) if self.schema_supported else "Hello!"
+        elif schema_name == "AgentTurn" and action not in ("garbage",):  # schema-decoded agent turn
+            text = self._as_schema_turn(self._text(kind, body["messages"], action))
+        else:
+            text = self._text(kind, body["messages"], action)
+        return 200, self.completion(body, text), {}
 
     @staticmethod
     def completion(body: dict, text: str) -> dict:
@@ -217,6 +225,15 @@ class FakeOpenAI:
         q = _words(task.split("## Case", 1)[-1].split("Options:", 1)[0])
         best = sorted(options, key=lambda k: (-len(_words(options[k]) & q), k))[0]
         return f"<reasoning>Option {best} overlaps the presentation most.</reasoning>\n<response>{best}</response>"
+
+    @staticmethod
+    def _as_schema_turn(text: str) -> str:
+        """The tag reply as the JSON an enforcing server would return for the turn's schema."""
+        reasoning = re.search(r"<reasoning>(.*?)</reasoning>", text, re.DOTALL)
+        response = re.search(r"<response>(.*?)</response>", text)
+        tool = re.search(r'"name": "([^"]+)"', text)
+        action = {"answer": response.group(1)} if response else {"tool": tool.group(1) if tool else "?"}
+        return json.dumps({"reasoning": reasoning.group(1) if reasoning else "", "action": action})
 
     def _summary(self, messages: list[dict]) -> str:
         observations = re.findall(r"^Observation: (.*)$", messages[1]["content"], re.MULTILINE)

@@ -46,8 +46,9 @@ TRIM_NOTICE = ("[Context trimmed: earlier observations were shortened. Rely on t
                "and the most recent steps.]")
 LOOP_NOTICE = ("[Loop notice: you repeated the same action with the same input {n} times without progress. "
                "Change strategy, use a different tool, or give your final <response> if the evidence suffices.]")
-FINAL_NOTICE = ("[Final step: tools are disabled. Give <reasoning>...</reasoning> and then "
-                "<response>LETTER</response> now.]")
+FINAL_NOTICE = ("[Final step: tools are disabled. Give <reasoning>...</reasoning> and then your final answer, "
+                "exactly one of the option letters inside <response></response>, now.]")
+# No placeholder word a model could copy (a small model answered `<response>LETTER</response>`).
 
 
 SUMMARY_HEADER = "## Retrospective summary (written after step {step}; the raw history above is complete)"

@@ -27,6 +27,10 @@ class Turn:
     answer: str | None = None
     error: str | None = None
     """For `invalid`: the corrective observation."""
+    alignment: str | None = None
+    """For `response`: how the letter was read (`tag`: inside <response>; `statement`: an explicit
+    answer statement outside the tags; `conclusion`: no tags, the option the reply concludes with;
+    `schema`: the constrained JSON action)."""
 
     @property
     def signature(self) -> str | None:
@@ -37,16 +41,86 @@ class Turn:
 
 
 def align_answer(text: str, options: dict[str, str]) -> str | None:
-    """Map a free-text answer to an option letter: a leading letter, or an option's full text."""
+    """Map the content of a `<response>` to an option letter: a leading letter, an "answer is X"
+    statement, or exactly one option's full text. Several option texts and no letter: no answer."""
     m = _LETTER.match(text.strip())
     if m and m.group(1).upper() in options:
         return m.group(1).upper()
     m = _ANSWER_IS.search(text)
     if m and m.group(1).upper() in options:
         return m.group(1).upper()
-    low = " ".join(text.lower().split())
-    hits = sorted((len(t), k) for k, t in options.items() if " ".join(t.lower().split()) in low)
-    return hits[-1][1] if hits else None
+    named = mentioned_options(text, options)
+    return named[0][1] if len({k for _, k in named}) == 1 else None
+
+
+# --- aligning a reply that broke the protocol ---------------------------------------------------
+# What the model itself concluded, never a guess: (1) the last explicit answer statement
+# ("Answer: C", "[Response] E", "the correct option is (B)"), else (2) the option the reply
+# concludes with (the last sentence naming an option, if it names exactly one), else no answer.
+
+_STATEMENT = re.compile(
+    r"(?:(?i:\b(?:final\s+)?answer(?:\s+is)?|\bresponse|\b(?:correct|best|right)\s+(?:option|choice|answer)"
+    r"(?:\s+is)?|\b(?:i\s+)?(?:choose|select|pick)(?:\s+option)?))"
+    r"\s*[:=\]\-]?\s*(?i:option\s+)?[\[\(\*\s]*([A-Z])(?![A-Za-z0-9])")
+_LETTER_MENTION = re.compile(r"(?:\(([A-Z])\)|(?<![A-Za-z0-9])([A-Z])\)|(?i:\boption\s+)([A-Z])(?![A-Za-z0-9])"
+                             r"|\*\*([A-Z])[.):\s*])")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+Alignment = Literal["statement", "conclusion"]
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[*_`]", " ", text).lower().split())
+
+
+def mentioned_options(text: str, options: dict[str, str]) -> list[tuple[int, str]]:
+    """(position, letter) of every option named in `text`, by its letter ("C)", "(C)", "option C")
+    or its full text; a text mention inside a longer option's mention does not count."""
+    found: list[tuple[int, str]] = []
+    for m in _LETTER_MENTION.finditer(text):
+        letter = next(g for g in m.groups() if g)
+        if letter in options:
+            found.append((m.start(), letter))
+    low = _norm(text)
+    spans: list[tuple[int, int, str]] = []
+    for k, t in options.items():
+        needle = _norm(t)
+        if not needle:
+            continue
+        start = low.find(needle)
+        while start >= 0:
+            spans.append((start, start + len(needle), k))
+            start = low.find(needle, start + 1)
+    for s, e, k in spans:
+        if not any(s2 <= s and e <= e2 and (e2 - s2) > (e - s) for s2, e2, _ in spans):
+            found.append((s, k))  # position in the normalised text: only compared within one sentence
+    return sorted(found)
+
+
+def explicit_statement(text: str, options: dict[str, str]) -> str | None:
+    """The letter of the reply's last explicit answer statement, if it names an option."""
+    letters = [m.group(1) for m in _STATEMENT.finditer(text) if m.group(1) in options]
+    return letters[-1] if letters else None
+
+
+def concluded_option(text: str, options: dict[str, str]) -> str | None:
+    """The option named by the last sentence that names any; None when that sentence names several."""
+    for sentence in reversed([s for s in _SENTENCE_END.split(text) if s.strip()]):
+        named = {k for _, k in mentioned_options(sentence, options)}
+        if named:
+            return named.pop() if len(named) == 1 else None
+    return None
+
+
+def align_reply(text: str, options: dict[str, str]) -> tuple[str, Alignment] | tuple[None, None]:
+    """The option a free-text reply settles on, and which rule found it."""
+    letter = explicit_statement(text, options)
+    if letter is not None:
+        return letter, "statement"
+    letter = concluded_option(text, options)
+    if letter is not None:
+        return letter, "conclusion"
+    return None, None
 
 
 def parse_turn(text: str, options: dict[str, str], tools: list[str], tools_allowed: bool = True) -> Turn:
@@ -54,19 +128,27 @@ def parse_turn(text: str, options: dict[str, str], tools: list[str], tools_allow
     tools_found = _TAG["tool"].findall(text)
     responses = _TAG["response"].findall(text)
     letters = ", ".join(options)
+    example = f"<response>{next(iter(options), 'A')}</response>"
     if len(tools_found) + len(responses) == 0:
+        letter, rule = align_reply(_ANY_TAG.sub(" ", text), options)
+        if letter is not None:  # "Answer: C", "[Response] E", "... so B) X." without the tags: its own answer
+            return Turn("response", reasoning or text, answer=letter, alignment=rule)
         return Turn("invalid", reasoning, error=(
             "Format error: missing action. After <reasoning>...</reasoning> give exactly one "
-            "<tool>{\"name\": ..., \"arguments\": {...}}</tool> or <response>LETTER</response>."))
+            f"<tool>{{\"name\": ..., \"arguments\": {{}}}}</tool> or a response with one option letter "
+            f"({letters}), for example {example}."))
     if len(tools_found) + len(responses) > 1:
-        return Turn("invalid", reasoning, error="Format error: exactly one action per turn (one <tool> or one <response>).")
+        return Turn("invalid", reasoning, error=(
+            f"Format error: exactly one action per turn (one <tool> or one <response> with one of {letters})."))
     if responses:
         letter = align_answer(responses[0], options)
         if letter is None:
-            return Turn("invalid", reasoning, error=f"Format error: <response> must be exactly one option letter ({letters}).")
-        return Turn("response", reasoning, answer=letter)
+            return Turn("invalid", reasoning, error=(
+                f"Format error: <response> must hold exactly one option letter ({letters}), for example {example}."))
+        return Turn("response", reasoning, answer=letter, alignment="tag")
     if not tools_allowed:
-        return Turn("invalid", reasoning, error="Tools are disabled on the final step: give <response>LETTER</response>.")
+        return Turn("invalid", reasoning, error=(
+            f"Tools are disabled on the final step: answer with one option letter ({letters}), for example {example}."))
     try:
         data = json.loads(tools_found[0])
     except json.JSONDecodeError as exc:
@@ -77,11 +159,21 @@ def parse_turn(text: str, options: dict[str, str], tools: list[str], tools_allow
     if not isinstance(args, dict):
         return Turn("invalid", reasoning, error='Parse error: "arguments" must be a JSON object.')
     if data["name"] not in tools:
-        avail = ", ".join(tools) if tools else "none (answer with <response>)"
+        avail = ", ".join(tools) if tools else f"none (answer with one option letter: {letters})"
         return Turn("invalid", reasoning, error=f"Tool error: unknown tool {data['name']!r}; available: {avail}.")
     return Turn("tool", reasoning, tool=data["name"], arguments=args)
 
 
 def fallback_answer(text: str, options: dict[str, str]) -> str | None:
     """Last step, protocol still broken: strip the structural tags and align what remains."""
-    return align_answer(_ANY_TAG.sub(" ", text).strip(), options)
+    return fallback_alignment(text, options)[0]
+
+
+def fallback_alignment(text: str, options: dict[str, str]) -> tuple[str, Alignment] | tuple[None, None]:
+    """`fallback_answer` with the rule that produced it (`statement` or `conclusion`)."""
+    return align_reply(_ANY_TAG.sub(" ", text).strip(), options)
+
+
+def stated_answer(letter: str, options: dict[str, str]) -> str:
+    """An answer as prompts show it: "B) text", or that the agent gave none."""
+    return f"{letter}) {options[letter]}" if letter in options else "no valid answer (graded wrong)"

@@ -4,7 +4,10 @@ Each step renders the prompt (memory block + case + guarded history), asks the m
 through the gateway, and parses the turn. A tool turn runs the tool; a broken turn gets a
 corrective observation; a valid response ends the loop. On the last step tools are
 forbidden, and if the output still breaks the protocol its tag-stripped text is aligned to
-an option (SkeMex's fallback). If even that fails, `CaseFailure` carries the trajectory.
+an option (SkeMex's fallback): the reply's last explicit answer statement, else the option it
+concludes with, never a guess. If even that fails, the case is answered with `NO_ANSWER` (source
+`none`): graded wrong, and memory still learns from it. `CaseFailure` is left for outages.
+With `actions="schema"` every turn is decoded against a JSON schema of its legal moves.
 The recorded trajectory (`AgentStep`s) is complete: trimming is only in the prompt.
 Every `summary_every` steps RetroSum (`retrosum.py`) writes a summary of the whole raw
 history; the actor's later prompts show it after the raw turns.
@@ -15,8 +18,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from grandrounds.handlers.agent.guard import GuardConfig, HistoryTurn, render
-from grandrounds.handlers.agent.protocol import fallback_answer, parse_turn
+from grandrounds.handlers.agent.guard import FINAL_NOTICE, GuardConfig, HistoryTurn, render
+from grandrounds.handlers.agent.actions import SchemaTurn, mcq_action_schema, parse_schema_turn, response_format
+from grandrounds.handlers.agent.protocol import Turn, fallback_alignment, parse_turn
 from grandrounds.handlers.agent.retrosum import due, summarise
 from grandrounds.handlers.backbones.base import CaseFailure
 from grandrounds.handlers.cases import CaseView
@@ -30,10 +34,24 @@ from grandrounds.store.event_types import AgentStep, AnswerGiven, MemoryItem, Me
 
 SYSTEM = """You are a clinical reasoning agent answering a multiple-choice case.
 Every turn: first <reasoning>...</reasoning>, then exactly ONE action:
-  <tool>{{"name": "<tool name>", "arguments": {{}}}}</tool>   to call one tool, or
-  <response>LETTER</response>   to give the final answer (one option letter).
+  <tool>{{"name": "{tool_example}", "arguments": {{}}}}</tool>   to call one tool, or
+  <response>C</response>   to give the final answer: exactly one option letter, here C.
+Example of a final turn for a case whose right option were C:
+<reasoning>Fever, neck stiffness and photophobia point to meningitis, option C.</reasoning>
+<response>C</response>
 Only one tool per turn. You have at most {max_steps} turns; on the last one tools are disabled.
 Available tools: {tools}"""
+
+SCHEMA_SYSTEM = """You are a clinical reasoning agent answering a multiple-choice case.
+Every turn is one JSON object: "reasoning" (a few sentences weighing the findings against the options),
+then "action": either {{"answer": "<one option letter>"}} to give your final answer, or
+{{"tool": "<tool name>"}} to call one tool. You have at most {max_steps} turns; on the last one tools are disabled.
+Available tools: {tools}"""
+
+SCHEMA_FINAL_NOTICE = "[Final step: tools are disabled. Give your reasoning, then your final answer letter, now.]"
+
+NO_ANSWER = ""
+"""`AnswerGiven.answer` of a case whose agent gave no valid answer (source `none`): graded wrong."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,9 @@ class AgentConfig:
     summary_every: int = 10
     """RetroSum window w (the paper's 10): a summary after every w-th step; 0 turns it off.
     With the default 7 steps it never fires; set it below max_steps to use it."""
+    actions: str = "text"
+    """`text`: the tag protocol; `schema`: each turn decoded against a JSON schema of its legal moves
+    (`handlers/agent/actions.py`; only where the server enforces json_schema)."""
 
 
 def task_prompt(view: CaseView, memory: MemoryRetrieved) -> str:
@@ -51,9 +72,9 @@ def task_prompt(view: CaseView, memory: MemoryRetrieved) -> str:
     return f"{block}## Case (category: {view.category})\n{view.question}\n\nOptions:\n{options}"
 
 
-def tools_line(toolbox: ToolBox, memory: MemoryRetrieved) -> str:
+def tools_line(toolbox: ToolBox, memory: MemoryRetrieved, schema: bool = False) -> str:
     if not toolbox.names:
-        return "none — answer with <response>."
+        return "none — give your answer." if schema else "none — answer with <response>."
     labels = {g.tool: g.label for g in memory.tool_guidance}
     return "; ".join(f"{n} (governance: {labels.get(n, 'Caution')}; returns the option letter it supports)"
                      for n in toolbox.names)
@@ -66,7 +87,11 @@ def step_guidance(items: list[MemoryItem]) -> str:
 async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetrieved, toolbox: ToolBox,
                         recorder: Recorder, cfg: AgentConfig = AgentConfig(),
                         step_memory: StepMemory | None = None) -> AnswerGiven:
-    system = SYSTEM.format(max_steps=cfg.max_steps, tools=tools_line(toolbox, memory))
+    schema = cfg.actions == "schema"
+    system = (SCHEMA_SYSTEM if schema else SYSTEM).format(
+        max_steps=cfg.max_steps, tools=tools_line(toolbox, memory, schema),
+        tool_example=toolbox.names[0] if toolbox.names else "tool name")
+    letters = list(view.options)
     task = task_prompt(view, memory)  # rendered each step from memory; never part of the history
     labels = {g.tool: g.label for g in memory.tool_guidance}
     lessons = [i.text for i in memory.items if i.detail.get("audience") == SUMMARISER]  # RetroSum experience
@@ -83,21 +108,26 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
             steps.append(AgentStep(kind="memory", content=",".join(i.item_id for i in items)))
             shown = step_guidance(items)
         messages = render(system, task + shown, history, step, final, cfg.guard, summary)
+        if schema and final:
+            messages[-1] = {**messages[-1], "content": messages[-1]["content"].replace(FINAL_NOTICE, SCHEMA_FINAL_NOTICE)}
+        allowed = [] if final else toolbox.names
+        params = {"response_format": response_format(mcq_action_schema(letters, allowed))} if schema else None
         try:
-            reply = await gateway.complete(messages, recorder, f"react-step-{step}")
+            reply = await gateway.complete(messages, recorder, f"react-step-{step}", params=params)
         except LLMUnavailable as exc:
             raise CaseFailure(f"model unavailable at step {step}: {exc}", steps) from None
-        turn = parse_turn(reply.text, view.options, toolbox.names, tools_allowed=not final)
+        turn = (_from_schema(parse_schema_turn(reply.text, letters, allowed)) if schema
+                else parse_turn(reply.text, view.options, toolbox.names, tools_allowed=not final))
         steps.append(AgentStep(kind="reasoning", content=turn.reasoning or reply.text))
         if turn.kind == "response":
-            return _answer(turn.answer, "llm", steps, outputs, labels)
+            return _answer(turn.answer, ANSWER_SOURCE[turn.alignment], steps, outputs, labels)
         if final:
-            letter = fallback_answer(reply.text, view.options)
+            letter, rule = fallback_alignment(reply.text, view.options)
             if letter is not None:
-                steps.append(AgentStep(kind="observation", content="final step: answer taken from untagged output"))
-                return _answer(letter, "llm:fallback", steps, outputs, labels)
+                steps.append(AgentStep(kind="observation", content=f"final step: answer read from the reply's {rule}"))
+                return _answer(letter, f"llm:fallback:{rule}", steps, outputs, labels)
             steps.append(AgentStep(kind="observation", content=turn.error or "no answer"))
-            raise CaseFailure(f"no valid answer after {cfg.max_steps} steps", steps, "turn_limit")
+            return _no_answer(f"no valid answer after {cfg.max_steps} steps", steps, outputs, labels)
         if turn.kind == "tool":
             out = toolbox.call(turn.tool)
             observation = f"{turn.tool} -> {out if out else 'no result'}"
@@ -118,7 +148,26 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
                 raise CaseFailure(f"model unavailable for the summary after step {step}: {exc}", steps) from None
             summary = (step, written.text.strip())
             steps.append(AgentStep(kind="summary", content=summary[1]))
-    raise CaseFailure(f"no valid answer after {cfg.max_steps} steps", steps, "turn_limit")  # max_steps < 1
+    return _no_answer(f"no valid answer after {cfg.max_steps} steps", steps, outputs, labels)  # max_steps < 1
+
+
+ANSWER_SOURCE = {"tag": "llm", "statement": "llm:statement", "conclusion": "llm:conclusion", "schema": "llm:schema"}
+"""`AnswerGiven.source` by how the answer was read: inside <response> (`llm`, as before), an explicit
+statement outside the tags, the option an untagged reply concludes with, the constrained JSON action; the last step's fallback records
+`llm:fallback:statement` or `llm:fallback:conclusion`; `none` when the agent gave no answer."""
+
+
+def _from_schema(t: SchemaTurn) -> Turn:
+    return Turn(t.kind, t.reasoning, tool=t.tool, arguments=t.arguments or {}, answer=t.answer, error=t.error,
+                alignment="schema" if t.kind == "response" else None)
+
+
+def _no_answer(reason: str, steps: list[AgentStep], outputs: list[tuple[str, str | None]],
+               labels: dict[str, str]) -> AnswerGiven:
+    """A case the agent could not answer still gets graded (wrong) and reflected on: errors teach memory."""
+    steps.append(AgentStep(kind="observation", content=reason))
+    calls = [ToolCall(tool=t, label=labels.get(t, "Caution"), output=o, adopted=False) for t, o in outputs]
+    return AnswerGiven(answer=NO_ANSWER, source="none", steps=steps, tool_calls=calls)
 
 
 def _answer(letter: str, source: str, steps: list[AgentStep], outputs: list[tuple[str, str | None]],

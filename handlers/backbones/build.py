@@ -33,7 +33,7 @@ def live_transport(base_url: str | None, api_key: str | None, timeout: float) ->
 def build_model_backbone(name: str, model: str | None, *, base_url: str | None = None, api_key: str | None = None,
                          timeout: float = DEFAULT_TIMEOUT_S, retry: RetryPolicy | None = None,
                          params: dict[str, Any] | None = None, max_steps: int = 7, summary_every: int = 10,
-                         structured: str = "auto",
+                         structured: str = "auto", actions: str = "text",
                          recorded: RecordedExchanges | None = None, live_fallthrough: bool = False,
                          **_ignored: Any) -> OpenAIBackbone:
     if not model:
@@ -51,5 +51,5 @@ def build_model_backbone(name: str, model: str | None, *, base_url: str | None =
         note = OPENAI_NOTE.format(model=model, where=where)
     gateway = LLMGateway(transport, model, params=dict(params) if params else {"temperature": 0.0},
                          retry=retry or RetryPolicy())
-    agent = AgentConfig(max_steps=max_steps, summary_every=summary_every)
+    agent = AgentConfig(max_steps=max_steps, summary_every=summary_every, actions=actions)
     return OpenAIBackbone(gateway, note, agent, structured)  # type: ignore[arg-type]

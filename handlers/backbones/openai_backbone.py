@@ -11,6 +11,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from grandrounds.handlers.agent.protocol import stated_answer
 from grandrounds.handlers.agent.react import AgentConfig, run_mcq_agent
 from grandrounds.handlers.backbones.base import CaseFailure
 from grandrounds.handlers.cases import Case, CaseView, FhirCase, FhirCaseView
@@ -58,7 +59,7 @@ def reflection_prompt(case: Case, memory: MemoryRetrieved, answer: AnswerGiven, 
     verdict = "correct" if fb.correct else "wrong"
     return (f"## Case (category: {case.category})\n{case.question}\n\nOptions:\n{options}\n\n"
             f"## Rules shown to the agent\n{rules}\n\n## Agent trajectory\n{trace}\n\n"
-            f"## Outcome\nAgent answered {answer.answer}; correct answer: {case.answer}) "
+            f"## Outcome\nAgent answered {stated_answer(answer.answer, case.options)}; correct answer: {case.answer}) "
             f"{case.options[case.answer]} ({verdict}).")
 
 

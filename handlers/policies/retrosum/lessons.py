@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from grandrounds.handlers.agent.protocol import stated_answer
 from grandrounds.handlers.cases import Case, FhirCase
 from grandrounds.handlers.policies.base import ModelTask
 from grandrounds.handlers.policies.fhir_lessons import fhir_terms, procedure, task_label, verdict_line
@@ -116,7 +117,7 @@ def lesson_prompt(case: Case, answer: AnswerGiven, fb: FeedbackRecorded, shown: 
     return (f"## Case (category: {case.category})\n{case.question}\n\nOptions:\n{options}\n\n"
             f"## Lessons the agent and its summariser were shown\n{taught}\n\n"
             f"## Agent trajectory\n{trace}\n\n## Latest retrospective summary\n{summary}\n\n"
-            f"## Outcome\nAgent answered {answer.answer}) {case.options[answer.answer]} (via {answer.source}); "
+            f"## Outcome\nAgent answered {stated_answer(answer.answer, case.options)} (via {answer.source}); "
             f"correct answer: {case.answer}) {case.options[case.answer]} ({verdict}).")
 
 
