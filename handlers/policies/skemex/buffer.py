@@ -43,7 +43,7 @@ def drop_reason(answer: AnswerGiven, reward: float, cfg: SkeMexPolicy) -> str | 
     if longest_repeat(answer.steps) >= cfg.loop_repeats:
         return "loop"
     n = turns(answer.steps)
-    if reward < 1.0 and (n >= cfg.max_steps or answer.source.endswith(":fallback")):
+    if reward < 1.0 and (n >= cfg.max_steps or ":fallback" in answer.source):
         return "max-steps"
     if reward >= 1.0 and n <= cfg.simple_success_steps:
         return "simple-success"
