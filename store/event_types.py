@@ -222,14 +222,19 @@ class RuleEditProposal(_Part):
 
 
 @event("reflection.recorded")
-class ReflectionRecorded(EventPayload):
+class ReflectionRecorded(GrowingPayload):
     summary: str
     guideline: str
     edits: list[RuleEditProposal] = Field(default_factory=list)
+    review: list[str] = Field(default_factory=list)
+    """What the policy's review gate kept out of memory and why ("edit 0: only a finding of this
+    case", "guideline: names an option by its letter"); the edits above are as proposed."""
+
+    omit_if_default: ClassVar[frozenset[str]] = frozenset({"review"})
 
 
 @event("episode.stored")
-class EpisodeStored(EventPayload):
+class EpisodeStored(GrowingPayload):
     carries_memory: ClassVar[bool] = True
     episode_id: str
     case_id: str
@@ -241,6 +246,13 @@ class EpisodeStored(EventPayload):
     summary: str
     guideline: str
     trigger: list[str]
+    answer_text: str = ""
+    """MCQ: the text of the option the agent chose ("" when it gave none): precedents show texts,
+    since letters are shuffled between cases."""
+    gold_text: str = ""
+    """MCQ: the text of the confirmed answer."""
+
+    omit_if_default: ClassVar[frozenset[str]] = frozenset({"answer_text", "gold_text"})
 
 
 @event("rule.added")

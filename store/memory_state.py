@@ -44,6 +44,8 @@ class Episode:
     gold: str
     correct: bool
     created_seq: int
+    answer_text: str = ""
+    gold_text: str = ""
 
 
 @dataclass
@@ -117,7 +119,7 @@ class MemoryState:
     def _episode(self, seq: int, e: ev.EpisodeStored) -> None:
         self.episodes[e.episode_id] = Episode(
             e.episode_id, e.case_id, e.descriptor, e.summary, e.guideline, list(e.trigger),
-            e.answer, e.gold, e.correct, seq)
+            e.answer, e.gold, e.correct, seq, e.answer_text, e.gold_text)
         self.episodes_added += 1
 
     def _rule_added(self, seq: int, e: ev.RuleAdded) -> None:

@@ -68,6 +68,19 @@ class EvoMedAgentPolicy(PolicyBase):
     """... and (harmful + misuse_weight·misuse)/n above this."""
     misuse_weight: float = 0.5
     """Weight of a misuse (calling an Avoid tool) in the Avoid rate."""
+    episode_floor: float = 0.5
+    """Cosine (question embeddings) below which a past episode is not shown: with nothing relevant the
+    prompt is the memory-free one. Not in the paper. Found with benchmarks/bench_real_model.py on its
+    recurring stream (MiniLM): same diagnosis reworded p10 0.51 / median 0.62; other presentations
+    median 0.38, p90 0.47; at 0.5 the nearest training precedent was shown for 28/28 held-out cases
+    (23 of the same diagnosis)."""
+    rule_floor: float = 0.25
+    """Share of a rule's trigger terms that must occur in the case for the rule to be shown (rules
+    with no trigger use their own key terms). Not in the paper; 0.25 is the overlap at which the sim
+    backbone follows a rule, so sim learning curves are unchanged by the floor."""
+    review_gate: bool = True
+    """Reject proposed rules that are only a finding, only an answer's name, name an option by letter,
+    or teach a wrong option of the case (handlers/policies/precedents.py); reasons recorded."""
 
     ablations: ClassVar[dict[str, dict[str, Any]]] = {
         "no-writing": {"writing": False},
@@ -76,6 +89,8 @@ class EvoMedAgentPolicy(PolicyBase):
         "similarity-only": {"w_utility": 0.0, "w_priority": 0.0},
         "procedural-only": {"episodic": False},
         "episodic-only": {"procedural": False},
+        "no-floors": {"episode_floor": -1.0, "rule_floor": 0.0},
+        "no-review": {"review_gate": False},
     }
 
 
@@ -101,7 +116,8 @@ PolicyConfig = Annotated[
     SerializeAsAny[PolicyBase], BeforeValidator(_coerce),
     WithJsonSchema({"type": "object", "required": ["name"], "additionalProperties": True,
                     "properties": {"name": {"type": "string",
-                                            "enum": ["evo-medagent", "none", "skemex", "selsm", "retrosum"]}},
+                                            "enum": ["evo-medagent", "none", "skemex", "selsm", "retrosum",
+                                                     "precedent"]}},
                     "description": "A memory policy's parameters; `name` picks the policy and its model "
                                    "(`grandrounds policies` lists every parameter)."})]
 """Any registered policy's config; validated by the class its `name` picks."""

@@ -17,12 +17,14 @@ from grandrounds.handlers.cases import Case
 from grandrounds.handlers.llm.recorder import stage_recorder
 from grandrounds.handlers.policies.base import MemoryPolicy
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
+from grandrounds.handlers.policies.precedents import findings_of, precedent_line, review_text, rule_matches
 from grandrounds.handlers.policies.render import BASE_PROTOCOL, render_prefix  # noqa: F401  (re-exported)
 from grandrounds.store.event_types import (AnswerGiven, EpisodeStored, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded,
                                RetrievedEpisode, RetrievedRule, RuleAdded, RuleEdited, RuleEditProposal,
                                RuleOutcome, RulePriorityChanged, RuleRetired, ToolCall, ToolGuidance,
                                ToolLabelChanged, ToolOutcome)
 from grandrounds.store.llm_events import CaseFailed
+from grandrounds.handlers.text import content_tokens
 from grandrounds.store.memory_state import Rule, ToolRecord
 from grandrounds.store.projection import MemoryProjection
 
@@ -78,7 +80,8 @@ def _r6(x: float) -> float:
     return round(float(x), 6)
 
 
-def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, query: np.ndarray):
+def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, query: np.ndarray,
+                 case_tokens: set[str] | None = None):
     """Top rules by Evo-MedAgent's composite score among the nearest `candidate_pool` by cosine.
 
     Returns (rule, relevance, utility, score) tuples, best first; ties by creation order.
@@ -89,6 +92,9 @@ def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, q
         rule = state.rules[proj.rule_by_label[label]]
         if case_id in rule.derived_from:  # leakage guard
             continue
+        if case_tokens is not None and cfg.rule_floor > 0 and not rule_matches(rule.trigger, rule.text, case_tokens,
+                                                                               cfg.rule_floor):
+            continue  # its trigger does not match this case: not shown, however high its utility
         utility = rule_utility(rule, state.feedback_count, cfg)
         scored.append((-selection_score(relevance, utility, rule.priority, cfg), rule.created_seq,
                        rule, relevance, utility))
@@ -97,11 +103,11 @@ def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, q
 
 
 def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, query: np.ndarray):
-    """Top episodes by cosine, excluding the case's own: (episode, relevance) tuples."""
+    """Top episodes by cosine at or above the floor, excluding the case's own: (episode, relevance) tuples."""
     out = []
     for label, relevance in proj.episode_index.search(query, cfg.top_k_episodes + 1):
         ep = proj.state.episodes[proj.episode_by_label[label]]
-        if ep.case_id != case_id:  # leakage guard
+        if ep.case_id != case_id and relevance >= cfg.episode_floor:  # leakage guard, relevance floor
             out.append((ep, relevance))
     return out[: cfg.top_k_episodes]
 
@@ -114,17 +120,26 @@ def evo_retrieve(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case: Case, mem
     if cfg.procedural and cfg.top_k_rules and len(proj.rule_index):
         rules = [RetrievedRule(rule_id=r.rule_id, text=r.text, trigger=r.trigger, priority=r.priority,
                                relevance=_r6(rel), utility=_r6(u), score=_r6(s))
-                 for r, rel, u, s in select_rules(proj, cfg, case.case_id, query)]
+                 for r, rel, u, s in select_rules(proj, cfg, case.case_id, query, content_tokens(case.question))]
 
     episodes: list[RetrievedEpisode] = []
+    precedents: list[str] = []
     if cfg.episodic and cfg.top_k_episodes and len(proj.episode_index):
-        episodes = [RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary=ep.summary,
-                                     guideline=ep.guideline, trigger=ep.trigger, relevance=_r6(rel))
-                    for ep, rel in select_episodes(proj, cfg, case.case_id, query)]
+        for ep, rel in select_episodes(proj, cfg, case.case_id, query):
+            episodes.append(RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary=ep.summary,
+                                             guideline=ep.guideline, trigger=ep.trigger, relevance=_r6(rel)))
+            precedents.append(episode_precedent(ep))
 
     guidance = [ToolGuidance(tool=name, label=state.tools[name].label) for name in sorted(state.tools)]
     return MemoryRetrieved(memory_seq=memory_seq, rules=rules, episodes=episodes, tool_guidance=guidance,
-                           prefix=render_prefix(guidance, rules, episodes))
+                           prefix=render_prefix(guidance, rules, episodes, precedents))
+
+
+def episode_precedent(ep) -> str:
+    """An episode as a precedent when it knows its options' texts (MCQ); else the paper's summary line."""
+    if not ep.gold_text:
+        return f"- {ep.summary} Guideline: {ep.guideline}"
+    return precedent_line(findings_of(ep.descriptor), ep.gold_text, ep.answer_text, ep.correct, ep.guideline)
 
 
 class EvoMedAgentMemory(MemoryPolicy):
@@ -156,19 +171,45 @@ class EvoMedAgentMemory(MemoryPolicy):
             failed = CaseFailed(stage="reflect", reason=exc.reason, steps=exc.steps)
             ctx.writer.emit(failed, case_id=case.case_id)
             return failed
+        rejected, review = self._review(case, result)
+        if review:
+            result = result.model_copy(update={"review": review})
         cause = ctx.writer.emit(result, case_id=case.case_id)
         state = ctx.projection.state
         if cfg.episodic:
             trace = [f"{s.kind}: {s.content}" for s in answer.steps]
+            options = getattr(case, "options", None) if case.kind == "mcq" else None
+            guideline = "" if "guideline" in rejected else result.guideline
             ctx.writer.emit(EpisodeStored(
                 episode_id=f"ep-{state.episodes_added:05d}", case_id=case.case_id, descriptor=case.question,
                 trace=trace, answer=answer.answer, gold=case.answer, correct=fb.correct,
-                summary=result.summary, guideline=result.guideline,
-                trigger=_trigger_of(result, case)), case_id=case.case_id, causation_seq=cause)
+                summary=result.summary, guideline=guideline,
+                trigger=_trigger_of(result, case),
+                answer_text=options.get(answer.answer, "") if options else "",
+                gold_text=options.get(case.answer, "") if options else ""), case_id=case.case_id, causation_seq=cause)
         if cfg.procedural:
-            for edit in result.edits:
-                self._apply_edit(ctx, case, edit, cause)
+            for i, edit in enumerate(result.edits):
+                if i not in rejected:
+                    self._apply_edit(ctx, case, edit, cause)
         return result
+
+    def _review(self, case: Case, result: ReflectionRecorded) -> tuple[set, list[str]]:
+        """The review gate (MCQ cases): edit indices and "guideline" kept out of memory, and why."""
+        if not self.config.review_gate or case.kind != "mcq":
+            return set(), []
+        rejected: set = set()
+        review: list[str] = []
+        for i, edit in enumerate(result.edits):
+            if edit.op in ("add", "edit") and edit.text:
+                why = review_text(edit.text, case.question, case.options, case.answer)
+                if why:
+                    rejected.add(i)
+                    review.append(f"edit {i}: {why}")
+        why = review_text(result.guideline, case.question, case.options, case.answer) if result.guideline else None
+        if why:
+            rejected.add("guideline")
+            review.append(f"guideline: {why}")
+        return rejected, review
 
     def _apply_edit(self, ctx, case: Case, edit: RuleEditProposal, cause: int) -> None:
         state, emit = ctx.projection.state, ctx.writer.emit

@@ -16,6 +16,8 @@ _POLICIES: dict[str, tuple[str, str]] = {
     "none": ("grandrounds.handlers.policies.config:NoMemoryPolicy", "grandrounds.handlers.policies.base:NoMemory"),
     "skemex": ("grandrounds.handlers.policies.skemex.config:SkeMexPolicy", "grandrounds.handlers.policies.skemex.policy:SkeMexMemory"),
     "selsm": ("grandrounds.handlers.policies.selsm.config:SelsmPolicy", "grandrounds.handlers.policies.selsm.policy:SelsmMemory"),
+    "precedent": ("grandrounds.handlers.policies.precedent:PrecedentPolicy",
+                  "grandrounds.handlers.policies.precedent:PrecedentMemory"),
     "retrosum": ("grandrounds.handlers.policies.retrosum.config:RetroSumPolicy",
                  "grandrounds.handlers.policies.retrosum.policy:RetroSumMemory"),
 }

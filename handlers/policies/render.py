@@ -22,7 +22,9 @@ _GUIDANCE_TEXT = {
 
 
 def render_prefix(guidance: list[ToolGuidance], rules: list[RetrievedRule],
-                  episodes: list[RetrievedEpisode]) -> str:
+                  episodes: list[RetrievedEpisode], precedents: list[str] | None = None) -> str:
+    """`precedents`: the episodes' lines as rendered by the policy (past findings, confirmed answer);
+    without them, each episode's summary and guideline (the paper's rendering)."""
     parts = ["## Protocol", BASE_PROTOCOL]
     if guidance:
         parts.append("## Tool governance")
@@ -30,7 +32,10 @@ def render_prefix(guidance: list[ToolGuidance], rules: list[RetrievedRule],
     if rules:
         parts.append("## Procedural rules (priority 0 = most urgent)")
         parts += [f"- [P{r.priority}] {r.text}" for r in rules]
-    if episodes:
+    if precedents:
+        parts.append("## Similar past cases (precedents: findings and the confirmed answer)")
+        parts += precedents
+    elif episodes:
         parts.append("## Similar past cases")
         parts += [f"- {e.summary} Guideline: {e.guideline}" for e in episodes]
     return "\n".join(parts)

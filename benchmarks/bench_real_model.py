@@ -1,0 +1,185 @@
+"""Real-model learning benchmark: does memory help the local model on presentations that recur?
+
+Runs `grandrounds run` with a real OpenAI-compatible model (the project's local model:
+`grandrounds model serve`, Qwen2.5-Coder-1.5B-Instruct, temperature 0) on the recurring MCQ
+stream (benchmarks/recurring_stream.py: the training stream, and a held-out stream of the same
+shape), for `none`, the plain `precedent` baseline and the memory policies, each
+- online: learning while it answers the held-out stream, and
+- frozen: memory built on the training stream, then read-only on the held-out stream
+  (`--memory-from`); `none` has no memory, so its online run is its only run;
+and verifies every run by re-executing it from its recorded exchanges (`grandrounds verify`).
+Prints one row per run: accuracy with its Wilson 95 % interval, answers from the last-step
+fallback, cases without an answer, model calls, tokens and seconds per case, the run id and
+the verify result. A 1.5 B coder model: its scores exercise the real path, they are not a
+clinical claim.
+
+    python benchmarks/bench_real_model.py --base-url http://127.0.0.1:18080/v1 --model qwen2.5-coder-1.5b \\
+        --db /tmp/realbench.duckdb [--limit-train N] [--limit-test N] [--policies none,precedent,evo-medagent] \\
+        [--modes online,frozen] [--json OUT.json]
+    python benchmarks/bench_real_model.py --collect-replies OUT.json --base-url ... --model ... [--limit-test N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "examples" / "recurring_train.jsonl"
+TEST = ROOT / "examples" / "recurring_test.jsonl"
+POLICIES = ("none", "precedent", "evo-medagent", "skemex", "selsm", "retrosum")
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 0.0)
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (round(max(0.0, c - h), 3), round(min(1.0, c + h), 3))
+
+
+def head(path: Path, n: int | None, tmp: Path) -> Path:
+    if n is None:
+        return path
+    out = tmp / f"{path.stem}-{n}.jsonl"
+    out.write_text("".join(path.read_text().splitlines(keepends=True)[:n]))
+    return out
+
+
+def cli(*args: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "grandrounds", *args, "--json"], capture_output=True, text=True)
+    lines = r.stdout.strip().splitlines()
+    try:
+        out = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        out = {}
+    out["_exit"] = r.returncode
+    if r.returncode != 0 and not out.get("run_id"):
+        out["_error"] = (r.stderr or r.stdout)[-600:]
+    return out
+
+
+def row(policy: str, mode: str, out: dict, verify: dict, wall_s: float) -> dict:
+    n, k = int(out.get("cases", 0)), int(out.get("correct", 0))
+    llm, metrics = out.get("llm", {}), out.get("metrics", {})
+    return {"policy": policy, "mode": mode, "run_id": out.get("run_id"), "cases": n, "correct": k,
+            "accuracy": round(k / n, 3) if n else None, "ci95": wilson(k, n),
+            "fallback_answers": metrics.get("fallback_answers"), "unanswered": metrics.get("unanswered"),
+            "answer_sources": metrics.get("answer_sources"), "failed": out.get("failed"),
+            "reflections_failed": out.get("reflections_failed"), "calls": llm.get("calls"),
+            "tokens": (llm.get("prompt_tokens", 0) + llm.get("completion_tokens", 0)) if llm else None,
+            "s_per_case": round(llm.get("latency_ms_per_case", 0.0) / 1000, 2) if llm else None,
+            "wall_s": round(wall_s, 1), "verified": verify.get("identical"), "error": out.get("_error")}
+
+
+def run_policy(policy: str, mode: str, train: Path, test: Path, common: list[str], db: str) -> list[dict]:
+    rows = []
+    args = ["run", "--db", db, "--policy", policy, *common]
+    if mode == "frozen":
+        t0 = time.perf_counter()
+        trained = cli(*args[:1], str(train), *args[1:], "--run-id", f"{policy}-train")
+        rows.append(row(policy, "train", trained, cli("verify", "--db", db, f"{policy}-train"), time.perf_counter() - t0))
+        extra = ["--memory-from", f"{policy}-train", "--run-id", f"{policy}-frozen"]
+    else:
+        extra = ["--run-id", f"{policy}-online"]
+    t0 = time.perf_counter()
+    out = cli(*args[:1], str(test), *args[1:], *extra)
+    rid = out.get("run_id") or extra[-1]
+    rows.append(row(policy, mode, out, cli("verify", "--db", db, rid), time.perf_counter() - t0))
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head_ = ("| policy | mode | accuracy (95% CI) | fallback | no answer | calls | tokens | s/case | run id | verified |\n"
+             "|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head_]
+    for r in rows:
+        acc = f"{r['correct']}/{r['cases']} = {r['accuracy']} ({r['ci95'][0]}–{r['ci95'][1]})" if r["cases"] else \
+            f"error: {(r['error'] or '')[-80:]!r}"
+        lines.append(f"| {r['policy']} | {r['mode']} | {acc} | {r['fallback_answers']} | {r['unanswered']} | "
+                     f"{r['calls']} | {r['tokens']} | {r['s_per_case']} | {r['run_id']} | {r['verified']} |")
+    return "\n".join(lines)
+
+
+def collect_replies(base_url: str, model: str, test: Path, out: Path) -> None:
+    """Text-protocol final-step replies of the real model, for the alignment fixture
+    (tests/fixtures/local_model_replies.json; a person adds `chosen` to each)."""
+    import urllib.request
+
+    from grandrounds.handlers.agent.guard import render
+    from grandrounds.handlers.agent.react import SYSTEM, task_prompt
+    from grandrounds.handlers.cases import load_cases
+    from grandrounds.handlers.policies.render import render_prefix
+    from grandrounds.store.event_types import MemoryRetrieved
+
+    replies = []
+    for case in load_cases(str(test))[0]:
+        view = case.view()
+        memory = MemoryRetrieved(memory_seq=0, prefix=render_prefix([], [], []))
+        system = SYSTEM.format(max_steps=1, tools="none — answer with <response>.", tool_example="tool name")
+        messages = render(system, task_prompt(view, memory), [], 1, True)
+        body = {"model": model, "messages": messages, "temperature": 0, "max_tokens": 160}
+        req = urllib.request.Request(f"{base_url.rstrip('/')}/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        reply = json.loads(urllib.request.urlopen(req, timeout=1800).read())["choices"][0]["message"]["content"]
+        replies.append({"case_id": case.case_id, "options": view.options, "reply": reply})
+        print(json.dumps(replies[-1])[:300], flush=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"model": model, "replies": replies}, indent=1) + "\n")
+    os.replace(tmp, out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--db", default=None)
+    ap.add_argument("--train", type=Path, default=TRAIN)
+    ap.add_argument("--test", type=Path, default=TEST)
+    ap.add_argument("--limit-train", type=int, default=None)
+    ap.add_argument("--limit-test", type=int, default=None)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--modes", default="online,frozen")
+    ap.add_argument("--actions", default="auto", choices=["auto", "schema", "text"])
+    ap.add_argument("--max-steps", default=None)
+    ap.add_argument("--json", dest="json_out", type=Path, default=None)
+    ap.add_argument("--collect-replies", type=Path, default=None)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        train, test = head(a.train, a.limit_train, tmp), head(a.test, a.limit_test, tmp)
+        if a.collect_replies:
+            collect_replies(a.base_url, a.model, test, a.collect_replies)
+            return 0
+        db = a.db or str(tmp / "bench.duckdb")
+        common = ["--backbone", "openai", "--base-url", a.base_url, "--model", a.model, "--actions", a.actions]
+        if a.max_steps:
+            common += ["--max-steps", a.max_steps]
+        rows: list[dict] = []
+        for policy in a.policies.split(","):
+            for mode in a.modes.split(","):
+                if policy == "none" and mode == "frozen":
+                    continue  # no memory to freeze: the online run is the baseline for both
+                rows += run_policy(policy, mode, train, test, common, db)
+                print(table(rows[-1:]).splitlines()[-1], flush=True)
+        print("\nQwen2.5-Coder-1.5B-Instruct (a 1.5 B coder model) at temperature 0: exercises the real path; "
+              "not a clinical claim.\n")
+        print(table(rows))
+        if a.json_out:
+            tmp_out = a.json_out.with_suffix(".tmp")
+            tmp_out.write_text(json.dumps(rows, indent=1) + "\n")
+            os.replace(tmp_out, a.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""`precedent`: the plain nearest-precedent baseline (not from a seed paper).
+
+Memory is the past cases themselves with their confirmed answers: after feedback each case is
+stored as an episode (no model call), and a new case is shown the k most similar past cases at or
+above a cosine floor, rendered as precedents (findings, confirmed answer, what the agent answered).
+The baseline a learning policy has to beat: it tells whether rules, valuation and reflection add
+anything over recalling similar solved cases.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from grandrounds.handlers.policies.base import MemoryPolicy
+from grandrounds.handlers.policies.config import PolicyBase
+from grandrounds.handlers.policies.precedents import findings_of, precedent_line
+from grandrounds.handlers.policies.render import render_prefix
+from grandrounds.handlers.text import key_terms
+from grandrounds.store.event_types import EpisodeStored, MemoryRetrieved, RetrievedEpisode
+
+
+class PrecedentPolicy(PolicyBase):
+    """Nearest precedents: the k most similar past cases with their confirmed answers."""
+
+    name: Literal["precedent"] = "precedent"
+    writing: bool = True
+    """Store each case after feedback (false freezes memory: offline test mode)."""
+    k: int = Field(2, ge=0)
+    """Precedents shown per case."""
+    floor: float = 0.5
+    """Cosine (question embeddings) below which a past case is not shown; the same floor as
+    evo-medagent's `episode_floor` (see there for how it was found)."""
+
+    ablations: ClassVar[dict[str, dict[str, Any]]] = {"no-writing": {"writing": False}}
+
+
+class PrecedentMemory(MemoryPolicy):
+    config: PrecedentPolicy
+
+    def retrieve(self, ctx, case, memory_seq):
+        proj, cfg = ctx.projection, self.config
+        episodes: list[RetrievedEpisode] = []
+        lines: list[str] = []
+        if cfg.k and len(proj.episode_index):
+            for label, rel in proj.episode_index.search(proj.embed(case.question), cfg.k + 1):
+                ep = proj.state.episodes[proj.episode_by_label[label]]
+                if ep.case_id == case.case_id or rel < cfg.floor:  # leakage guard, relevance floor
+                    continue
+                if len(episodes) == cfg.k:
+                    break
+                episodes.append(RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary="",
+                                                 guideline="", trigger=ep.trigger, relevance=round(float(rel), 6)))
+                lines.append(precedent_line(findings_of(ep.descriptor), ep.gold_text or f"option {ep.gold}",
+                                            ep.answer_text, ep.correct, ""))
+        return MemoryRetrieved(memory_seq=memory_seq, episodes=episodes,
+                               prefix=render_prefix([], [], episodes, lines))
+
+    async def reflect(self, ctx, case, memory, answer, fb):
+        if not self.writes:
+            return None
+        options = getattr(case, "options", None) or {}
+        state = ctx.projection.state
+        ctx.writer.emit(EpisodeStored(
+            episode_id=f"ep-{state.episodes_added:05d}", case_id=case.case_id, descriptor=case.question,
+            trace=[], answer=answer.answer, gold=case.answer, correct=fb.correct, summary="", guideline="",
+            trigger=key_terms(case.question), answer_text=options.get(answer.answer, ""),
+            gold_text=options.get(case.answer, "")), case_id=case.case_id)
+        return None

@@ -1,0 +1,73 @@
+"""Memory a small model can use: relevance floors, precedents, and a review gate for reflections.
+
+A real 1.5 B model copies whatever memory text it is shown into its own reasoning, so what is
+shown must be relevant and must say plainly what was true:
+- floors: an episode is shown only when its case is similar enough to this one (cosine of the
+  question embeddings), a rule only when its trigger terms occur in this case; with nothing
+  relevant the prompt is exactly the memory-free one;
+- precedents: an episode is rendered as the past case's findings, the confirmed answer's text,
+  what the agent answered, and the guideline, never as the model's own narrative (its summary
+  may be wrong; the gold answer is not);
+- review gate: a proposed rule that is only a finding of this case, only an answer's name, that
+  names an option by its letter (letters mean nothing in another case) or that teaches a wrong
+  option of this case, does not become memory; the reasons are recorded with the reflection.
+"""
+
+from __future__ import annotations
+
+import re
+
+from grandrounds.handlers.agent.protocol import explicit_statement, mentioned_options
+from grandrounds.handlers.text import content_tokens, key_terms, trigger_overlap
+
+FINDINGS_CHARS = 320
+"""How much of a past case's presentation a precedent shows (its key findings come first in a vignette)."""
+
+_QUESTION_TAIL = re.compile(r"\s*(Which|What) of the following[^?]*\?\s*$", re.IGNORECASE)
+_LETTER_REF = re.compile(r"(?:\(([A-Z])\)|(?<![A-Za-z0-9'])([A-Z])\)|(?i:\b(?:option|choice|answer)\s+)([A-Z])\b"
+                         r"|(?i:\b(?:been|is|was|be)\s+)\(?([A-Z])\)?(?=[.,;:!)]|\s*$))")
+
+
+def findings_of(question: str, limit: int = FINDINGS_CHARS) -> str:
+    """The presentation without the question sentence, cut at a word boundary."""
+    text = " ".join(_QUESTION_TAIL.sub("", question).split())
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " …"
+
+
+def precedent_line(findings: str, gold_text: str, answer_text: str, correct: bool, guideline: str) -> str:
+    if not answer_text:
+        agent = "the agent gave no valid answer"
+    elif correct:
+        agent = "the agent answered this too"
+    else:
+        agent = f"the agent answered {answer_text}, which was wrong"
+    line = f"- Past case: {findings} Confirmed answer: {gold_text} ({agent})."
+    return f"{line} Guideline: {guideline}" if guideline else line
+
+
+def rule_matches(trigger: list[str], rule_text: str, case_tokens: set[str], floor: float) -> bool:
+    """A rule applies when enough of its trigger terms occur in the case; without a trigger, its own
+    key terms stand in."""
+    terms = list(trigger) or key_terms(rule_text)
+    return bool(terms) and trigger_overlap([t.lower() for t in terms], case_tokens) >= floor
+
+
+def review_text(text: str, question: str, options: dict[str, str], gold: str) -> str | None:
+    """Why `text` (a proposed rule or guideline) must not become memory, or None when it may."""
+    norm = " ".join(text.lower().split()).strip(" .")
+    if not norm:
+        return "empty"
+    words = content_tokens(text)
+    for k, option in options.items():
+        if norm == " ".join(option.lower().split()).strip(" .") or (words and words <= content_tokens(option)):
+            return f"only the name of option {k}"
+    if _LETTER_REF.search(text) or explicit_statement(text, options):
+        return "names an option by its letter"
+    named = {k for _, k in mentioned_options(text, options)}
+    if named and gold in options and gold not in named:
+        return f"teaches option {'/'.join(sorted(named))}, not this case's answer {gold}"
+    if norm in " ".join(question.lower().split()) or (words and words <= content_tokens(question) and not named):
+        return "only a finding of this case"
+    return None
