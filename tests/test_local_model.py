@@ -107,13 +107,47 @@ def test_mcq_run_with_memory_and_structured_reflection_replays_with_server_stopp
     schema_calls = [e for e in events if e.type == "llm.exchange" and "response_format" in e.payload["params"]]
     assert schema_calls and all(e.payload["params"]["max_tokens"] for e in schema_calls)
     retrieved = [e for e in events if e.type == "memory.retrieved"]
-    assert not retrieved[0].payload["episodes"] and retrieved[1].payload["episodes"]  # case 2 saw case 1's episode
+    stored = [e for e in events if e.type == "episode.stored"]
+    assert not retrieved[0].payload["episodes"] and len(stored) == 2  # case 1's episode was in memory for case 2
+    # (shown to case 2 only above evo-medagent's relevance floor: these two cases are unrelated)
 
     local_model.stop()
     code, rec = _run(["run", str(cases), "--db", db, "--backbone", "record", "--record-from", "live"],
                      {"OPENAI_BASE_URL": DEAD_URL})
     assert code == 0, rec
     assert rec["fingerprint"] == live["fingerprint"] and rec["accuracy"] == live["accuracy"]
+
+
+@pytest.mark.local_model
+def test_mcq_text_protocol_answer_is_the_models_own_and_replays(local_model, tmp_path):
+    """The text protocol (`--actions text`) on one case, one step: the answer recorded is the option
+    the reply states or concludes with (or none, counted), and the run re-executes from its record.
+    The MCQ test above runs with the default `--actions auto`, which the server answers with schema."""
+    from grandrounds.handlers.agent.protocol import fallback_alignment
+
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(EXAMPLES.read_text().splitlines()[0] + "\n")
+    db = str(tmp_path / "text.duckdb")
+    local_model.ensure_started()
+    code, live = _run(["run", str(cases), "--db", db, "--run-id", "live", "--policy", "none", "--actions", "text",
+                       "--backbone", "openai", "--base-url", local_model.base_url, "--model", lm.MODEL_ALIAS,
+                       "--max-steps", "1"])
+    assert code == 0, live
+    with EventStore(db, read_only=True) as store:
+        started = next(store.iter("live")).payload
+        reply = next(e.payload for e in store.iter("live", types=["llm.exchange"]))
+        answer = next(e.payload for e in store.iter("live", types=["answer.given"]))
+    assert started["actions"] == {"json_schema": "not-probed", "mode": "text"}
+    options = json.loads(cases.read_text())["options"]
+    if answer["source"] == "none":
+        assert live["metrics"]["unanswered"] == 1
+    elif answer["source"] != "llm":  # read from untagged text: exactly what the alignment rules give
+        assert answer["answer"] == fallback_alignment(reply["response"], options)[0]
+    local_model.stop()
+    code, rec = _run(["run", str(cases), "--db", db, "--backbone", "record", "--record-from", "live"],
+                     {"OPENAI_BASE_URL": DEAD_URL})
+    assert code == 0, rec
+    assert rec["fingerprint"] == live["fingerprint"]
 
 
 @pytest.mark.local_model

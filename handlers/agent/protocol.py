@@ -97,10 +97,31 @@ def mentioned_options(text: str, options: dict[str, str]) -> list[tuple[int, str
     return sorted(found)
 
 
+_MARKUP = re.compile(r"</?[A-Za-z]+>|[*_`#]")
+_OPTION_LINE = re.compile(r"^\s*(?:(?i:option|choice)\s+)?\(?([A-Z])\)?\s*[:.)\-]?\s*(.*?)\s*[.!]?\s*$")
+
+
+def _option_line(line: str, options: dict[str, str]) -> str | None:
+    """A line that is nothing but one option, its letter with its own text ("Option C: Acute
+    pericarditis", "**B) Tension pneumothorax**"): the model stating its choice."""
+    m = _OPTION_LINE.match(_MARKUP.sub(" ", line))
+    if not m or m.group(1) not in options:
+        return None
+    rest = " ".join(m.group(2).lower().split())
+    return m.group(1) if rest == " ".join(options[m.group(1)].lower().split()) else None
+
+
 def explicit_statement(text: str, options: dict[str, str]) -> str | None:
-    """The letter of the reply's last explicit answer statement, if it names an option."""
-    letters = [m.group(1) for m in _STATEMENT.finditer(text) if m.group(1) in options]
-    return letters[-1] if letters else None
+    """The letter of the reply's last explicit answer statement ("Answer: C", "[Response] E", a line
+    that is only one option's letter and text), if it names an option."""
+    found = [(m.start(), m.group(1)) for m in _STATEMENT.finditer(text) if m.group(1) in options]
+    pos = 0
+    for line in text.splitlines(keepends=True):
+        letter = _option_line(line, options)
+        if letter is not None:
+            found.append((pos, letter))
+        pos += len(line)
+    return max(found)[1] if found else None
 
 
 def concluded_option(text: str, options: dict[str, str]) -> str | None:
