@@ -71,8 +71,10 @@ def test_prompts_show_no_placeholder_and_correctives_list_the_letters():
 def test_untagged_replies_are_read_by_the_statement_then_the_conclusion():
     stated = parse_turn("The tracheal deviation settles it. [Response] B", OPTIONS, [])
     assert (stated.kind, stated.answer, stated.alignment) == ("response", "B", "statement")
-    concluded = parse_turn("B) Tension pneumothorax", OPTIONS, [])
-    assert (concluded.kind, concluded.answer, concluded.alignment) == ("response", "B", "conclusion")
+    line = parse_turn("<B>Option C: Acute pericarditis</B>\n### Reasoning:\n1. **Pulmonary Embolism**: unlikely", OPTIONS, [])
+    assert (line.kind, line.answer, line.alignment) == ("response", "C", "statement")  # a line that is one option
+    concluded = parse_turn("The rub and the diffuse ST elevation point to acute pericarditis.", OPTIONS, [])
+    assert (concluded.kind, concluded.answer, concluded.alignment) == ("response", "C", "conclusion")
     tagged = parse_turn("<reasoning>r</reasoning><response>C</response>", OPTIONS, [])
     assert tagged.alignment == "tag"
 

@@ -102,12 +102,13 @@ def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, q
     return [(r, rel, u, -neg) for neg, _, r, rel, u in scored[: cfg.top_k_rules]]
 
 
-def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, query: np.ndarray):
+def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, query: np.ndarray,
+                    floor: float = -1.0):
     """Top episodes by cosine at or above the floor, excluding the case's own: (episode, relevance) tuples."""
     out = []
     for label, relevance in proj.episode_index.search(query, cfg.top_k_episodes + 1):
         ep = proj.state.episodes[proj.episode_by_label[label]]
-        if ep.case_id != case_id and relevance >= cfg.episode_floor:  # leakage guard, relevance floor
+        if ep.case_id != case_id and relevance >= floor:  # leakage guard, relevance floor
             out.append((ep, relevance))
     return out[: cfg.top_k_episodes]
 
@@ -115,17 +116,19 @@ def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str
 def evo_retrieve(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case: Case, memory_seq: int) -> MemoryRetrieved:
     state = proj.state
     query = proj.embed(case.question)
+    mcq = case.kind == "mcq"  # the floors are for MCQ cases (FHIR tasks and OSCE dialogues keep the paper's retrieval)
 
     rules: list[RetrievedRule] = []
     if cfg.procedural and cfg.top_k_rules and len(proj.rule_index):
         rules = [RetrievedRule(rule_id=r.rule_id, text=r.text, trigger=r.trigger, priority=r.priority,
                                relevance=_r6(rel), utility=_r6(u), score=_r6(s))
-                 for r, rel, u, s in select_rules(proj, cfg, case.case_id, query, content_tokens(case.question))]
+                 for r, rel, u, s in select_rules(proj, cfg, case.case_id, query,
+                                                  content_tokens(case.question) if mcq else None)]
 
     episodes: list[RetrievedEpisode] = []
     precedents: list[str] = []
     if cfg.episodic and cfg.top_k_episodes and len(proj.episode_index):
-        for ep, rel in select_episodes(proj, cfg, case.case_id, query):
+        for ep, rel in select_episodes(proj, cfg, case.case_id, query, cfg.episode_floor if mcq else -1.0):
             episodes.append(RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary=ep.summary,
                                              guideline=ep.guideline, trigger=ep.trigger, relevance=_r6(rel)))
             precedents.append(episode_precedent(ep))
