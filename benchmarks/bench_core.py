@@ -31,7 +31,7 @@ from benchmarks.common import (  # noqa: E402
 
 from grandrounds.handlers.cases import load_cases  # noqa: E402
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
-from grandrounds.handlers.policies.evo_medagent import evo_retrieve as _evo_retrieve, select_episodes, select_rules  # noqa: E402
+from grandrounds.handlers.policies.evo_medagent.policy import evo_retrieve as _evo_retrieve, select_episodes, select_rules  # noqa: E402
 from grandrounds.handlers.runs import RunSpec, open_run  # noqa: E402
 from grandrounds.store import event_types as ev  # noqa: E402
 from grandrounds.store.events import NewEvent  # noqa: E402

@@ -36,7 +36,7 @@ from grandrounds.handlers.policies.retrosum.config import RetroSumPolicy  # noqa
 from grandrounds.handlers.policies.retrosum.policy import RetroSumMemory  # noqa: E402
 from grandrounds.handlers.runs import RunSpec, open_run  # noqa: E402
 from grandrounds.store.events import NewEvent  # noqa: E402
-from grandrounds.store.experience_events import ExperienceStored, Lesson  # noqa: E402
+from grandrounds.handlers.policies.retrosum.events import ExperienceStored, Lesson  # noqa: E402
 from grandrounds.store.projection import rebuild  # noqa: E402
 
 def synthetic_bank(n: int, rng: np.random.Generator) -> tuple[list[NewEvent], dict[str, np.ndarray]]:

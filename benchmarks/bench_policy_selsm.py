@@ -36,7 +36,7 @@ from grandrounds.store.canonical import sha256_hex  # noqa: E402
 from grandrounds.store.embeddings import EmbeddingCache  # noqa: E402
 from grandrounds.store.eventstore import EventStore  # noqa: E402
 from grandrounds.store.events import NewEvent  # noqa: E402
-from grandrounds.store.selsm_events import LogicalSkill, RecordStored, StoredTransition  # noqa: E402
+from grandrounds.handlers.policies.selsm.events import LogicalSkill, RecordStored, StoredTransition  # noqa: E402
 from grandrounds.store.vector_index import single_threaded_blas  # noqa: E402
 
 DIM = 384

@@ -34,9 +34,9 @@ from grandrounds.handlers.policies.skemex import retrieval  # noqa: E402
 from grandrounds.handlers.policies.skemex.config import SkeMexPolicy  # noqa: E402
 from grandrounds.handlers.policies.skemex.policy import case_tools, skill_memory  # noqa: E402
 from grandrounds.handlers.runs import RunSpec, open_run  # noqa: E402
-from grandrounds.store import skill_events as sk  # noqa: E402
+from grandrounds.handlers.policies.skemex import events as sk  # noqa: E402
 from grandrounds.store.events import NewEvent  # noqa: E402
-from grandrounds.store.skill_memory import skill_key_text  # noqa: E402
+from grandrounds.handlers.policies.skemex.memory import skill_key_text  # noqa: E402
 
 def synthetic_skills(n: int, categories: list[str], dim: int, rng: np.random.Generator
                      ) -> tuple[list[NewEvent], dict[str, np.ndarray]]:

@@ -9,15 +9,9 @@ from contextlib import nullcontext
 
 import click
 
-from grandrounds import __version__
+from grandrounds.cli_group import main, progress as _progress
 from grandrounds.errors import BAD_INPUT, discard_on_bad_input, fail, keep_written
 from grandrounds.output import render_run
-
-
-@click.group()
-@click.version_option(__version__, prog_name="grandrounds")
-def main() -> None:
-    """Event-sourced streaming memory for clinical LLM agents."""
 
 
 @main.command()
@@ -299,13 +293,6 @@ def outage_exit(exc, as_json: bool) -> None:
             "stage": exc.stage, "run_id": run_id, "cases_not_completed": left}}))
     click.echo(f"error: {message}", err=True)
     sys.exit(1)
-
-
-def _progress(total: int, quiet: bool):
-    from tqdm import tqdm
-
-    # Progress goes to stderr and only to a terminal, so --json stdout stays one object.
-    return tqdm(total=total, unit="case", desc="cases", file=sys.stderr, disable=quiet or None, leave=False)
 
 
 from grandrounds.cli_convert import convert  # noqa: E402

@@ -12,7 +12,8 @@ import sys
 
 import click
 
-from grandrounds.cli import main
+from grandrounds import cli_replay  # noqa: F401  (defines the audit group extended below)
+from grandrounds.cli_group import main
 from grandrounds.errors import BAD_INPUT, fail
 from grandrounds.output import render_run
 
@@ -58,7 +59,7 @@ def run_on_kafka(cases, spec, *, broker: str, db: str, run_id: str | None, note:
     changelog), so accuracy and fingerprint are the worker's, byte for byte.
     """
     from grandrounds.app import unique_run_id
-    from grandrounds.cli import _progress
+    from grandrounds.cli_group import progress as _progress
     from grandrounds.handlers.backbones import make_backbone
     from grandrounds.replay.metrics import run_summary
     from grandrounds.store.dbfile import db_file

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from grandrounds.cli import main
+from grandrounds.cli_group import main
 from grandrounds.errors import BAD_INPUT, fail
 
 DEFAULT_DB = "grandrounds.duckdb"

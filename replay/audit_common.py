@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy, PolicyConfig
-from grandrounds.handlers.policies.evo_medagent import rule_utility
+from grandrounds.handlers.policies.evo_medagent.policy import rule_utility
 from grandrounds.replay.caselog import require_spec
 from grandrounds.store.events import payload_class, upcast
 from grandrounds.store.eventstore import EventStore

@@ -13,7 +13,7 @@ import bisect
 import json
 
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
-from grandrounds.handlers.policies.evo_medagent import rule_utility
+from grandrounds.handlers.policies.evo_medagent.policy import rule_utility
 from grandrounds.replay.audit_common import AuditInputError, case_indexes, short
 from grandrounds.replay.caselog import require_spec
 from grandrounds.store.eventstore import EventStore

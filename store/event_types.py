@@ -324,10 +324,3 @@ class RunCompleted(EventPayload):
     cases: int
     correct: int
 
-
-# Registers the gateway's `llm.exchange` and `case.failed` types, so every reader of a log can
-# decode them. At the end: that module imports AgentStep from here.
-from grandrounds.store import llm_events as _llm_events  # noqa: E402,F401
-from grandrounds.store import skill_events as _skill_events  # noqa: E402,F401  (SkeMex)
-from grandrounds.store import selsm_events as _selsm_events  # noqa: E402,F401  (SELSM)
-from grandrounds.store import experience_events as _experience_events  # noqa: E402,F401  (RetroSum experience)

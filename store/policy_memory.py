@@ -1,15 +1,15 @@
 """The memory of policies other than Evo-MedAgent, as projection parts.
 
 A part is the fold of one policy's events plus its vector indexes (`SkillMemory`,
-`SelsmMemory`, `ExperienceMemory`). The projection creates the part named by the run's
-policy when it sees `run.started`, feeds it every event after the common fold, and saves
-it with the checkpoint (store/safe_codec.py). Parts are looked up lazily so that a log of one policy never
-imports another's code.
+`SelsmMemory`, `ExperienceMemory`, each in its policy's package under handlers/policies/). The
+projection creates the part named by the run's policy when it sees `run.started`, feeds it every
+event after the common fold, and saves it with the checkpoint (store/safe_codec.py). Policies register their part here
+(`register_part`), so the store never imports the layer above it; a policy that registered nothing
+is an error, never a silently empty memory.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -18,11 +18,10 @@ from grandrounds.store.events import EventPayload
 
 Embed = Callable[[str], np.ndarray]
 
-_PARTS: dict[str, str] = {
-    "skemex": "grandrounds.store.skill_memory:SkillMemory",
-    "selsm": "grandrounds.store.selsm_memory:SelsmMemory",
-    "retrosum": "grandrounds.store.experience_memory:ExperienceMemory",
-}
+
+
+class UnknownPolicy(LookupError):
+    pass
 
 
 class PolicyMemory(Protocol):
@@ -35,17 +34,33 @@ class PolicyMemory(Protocol):
         ...
 
 
+PartFactory = Callable[[int, int], PolicyMemory]
+"""(dim, exact_limit) -> a new, empty part."""
+
+_PARTS: dict[str, PartFactory | None] = {}
+
+
+def register_part(policy_name: str, factory: PartFactory | None) -> None:
+    """Declare the memory part of a policy; None: the policy keeps no memory of its own beyond the
+    common fold (store/memory_state.py)."""
+    if policy_name in _PARTS and _PARTS[policy_name] is not factory:
+        raise ValueError(f"policy {policy_name!r} registered two memory parts")
+    _PARTS[policy_name] = factory
+
+
 def import_part(policy_name) -> None:
-    """Import the module of a policy's memory part, so a checkpoint naming its classes can load them
-    (the checkpoint codec never imports anything itself)."""
-    path = _PARTS.get(policy_name) if isinstance(policy_name, str) else None
-    if path is not None:
-        importlib.import_module(path.partition(":")[0])
+    """A checkpoint names its part's classes, and the codec loads only classes already imported. A
+    policy's part is imported when the policy registers it (grandrounds.handlers.policies.catalog), so
+    nothing is imported here; a policy that registered nothing is refused, as by `part_for`."""
+    if isinstance(policy_name, str) and policy_name not in _PARTS:
+        raise UnknownPolicy(f"no memory fold registered for policy {policy_name!r} "
+                            "(policies register theirs when grandrounds.handlers.policies is imported)")
 
 
 def part_for(policy_name: str, dim: int, exact_limit: int) -> PolicyMemory | None:
-    path = _PARTS.get(policy_name)
-    if path is None:
-        return None
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)(dim, exact_limit)
+    try:
+        factory = _PARTS[policy_name]
+    except KeyError:
+        raise UnknownPolicy(f"no memory fold registered for policy {policy_name!r} "
+                            "(policies register theirs when grandrounds.handlers.policies is imported)") from None
+    return None if factory is None else factory(dim, exact_limit)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy, PolicyError, load_policy
-from grandrounds.handlers.policies.evo_medagent import render_prefix, rule_utility, selection_score, tool_label
+from grandrounds.handlers.policies.evo_medagent.policy import render_prefix, rule_utility, selection_score, tool_label
 from grandrounds.store.event_types import RetrievedEpisode, RetrievedRule, ToolGuidance
 from grandrounds.store.memory_state import Rule, ToolRecord
 

@@ -28,7 +28,7 @@ from grandrounds.handlers.policies.skemex.distill import SYSTEM_ASSESS, SYSTEM_D
 from grandrounds.handlers.runs import RunSpec
 from llm_helpers import MODEL, live_options, run
 from grandrounds.store.eventstore import EventStore
-from grandrounds.store.selsm_events import LogicalSkill, render_skill as render_logical_skill
+from grandrounds.handlers.policies.selsm.events import LogicalSkill, render_skill as render_logical_skill
 
 MALFORMED = "Sure! Here is what I think: the agent should be more careful next time."
 MRN = "S6534835"

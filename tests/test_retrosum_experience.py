@@ -32,8 +32,8 @@ from llm_helpers import MODEL, HashEmbedder, live_options
 from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.event_types import RunStarted
 from grandrounds.store.eventstore import EventStore
-from grandrounds.store.experience_events import ExperienceStored, Lesson
-from grandrounds.store.experience_memory import ExperienceMemory
+from grandrounds.handlers.policies.retrosum.events import ExperienceStored, Lesson
+from grandrounds.handlers.policies.retrosum.memory import ExperienceMemory
 from grandrounds.store.projection import MemoryProjection
 
 NONE_ACCURACY = 0.115385  # `--policy none` on the examples with sim

@@ -29,8 +29,8 @@ from llm_helpers import HashEmbedder
 from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.event_types import AgentStep, AnswerGiven
 from grandrounds.store.eventstore import EventStore
-from grandrounds.store.selsm_events import LogicalSkill, RecordStored, StoredTransition
-from grandrounds.store.selsm_memory import SelsmMemory as SelsmPart
+from grandrounds.handlers.policies.selsm.events import LogicalSkill, RecordStored, StoredTransition
+from grandrounds.handlers.policies.selsm.memory import SelsmMemory as SelsmPart
 from grandrounds.streams.embedded import EmbeddedRunner
 
 SELSM_WRITES = {"selsm.trajectory.judged", "selsm.skill.rejected", "selsm.record.stored"}

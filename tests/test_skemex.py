@@ -22,12 +22,12 @@ from grandrounds.handlers.runs import RunSpec
 from llm_helpers import HashEmbedder
 from grandrounds.replay.audit_history import history
 from grandrounds.replay.verify import verify_run
-from grandrounds.store import skill_events as sk
+from grandrounds.handlers.policies.skemex import events as sk
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.event_types import AgentStep, AnswerGiven
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.projection import rebuild
-from grandrounds.store.skill_memory import SkillMemory
+from grandrounds.handlers.policies.skemex.memory import SkillMemory
 
 from conftest import EXAMPLES
 
@@ -173,7 +173,7 @@ class _Repo:
         sid = self.mem.next_id(branch)
         body = sk.SkillBody(name=sid, description=f"when {sid}", applicable_conditions="c",
                             core_action=f"do {sid} carefully", trigger=[sid], required_tools=list(required))
-        from grandrounds.store.skill_memory import skill_key_text
+        from grandrounds.handlers.policies.skemex.memory import skill_key_text
 
         self.vecs[skill_key_text(body)] = vec
         self.apply(sk.SkillDrafted(skill_id=sid, branch=branch, category=category, tool=tool, body=body,

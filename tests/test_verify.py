@@ -7,7 +7,7 @@ import json
 import duckdb
 from click.testing import CliRunner
 
-from grandrounds.handlers.policies import evo_medagent as retrieve  # the module that rounds retrieval scores
+from grandrounds.handlers.policies.evo_medagent import policy as retrieve  # the module that rounds retrieval scores
 from grandrounds.cli import main
 from grandrounds.replay.verify import compare_logs, first_difference
 from replay_fixtures import db_copy, recorded_db  # noqa: F401

@@ -12,7 +12,7 @@ from typing import Any
 
 _POLICIES: dict[str, tuple[str, str]] = {
     # name: (config class, mechanism class)
-    "evo-medagent": ("grandrounds.handlers.policies.config:EvoMedAgentPolicy", "grandrounds.handlers.policies.evo_medagent:EvoMedAgentMemory"),
+    "evo-medagent": ("grandrounds.handlers.policies.config:EvoMedAgentPolicy", "grandrounds.handlers.policies.evo_medagent.policy:EvoMedAgentMemory"),
     "none": ("grandrounds.handlers.policies.config:NoMemoryPolicy", "grandrounds.handlers.policies.base:NoMemory"),
     "skemex": ("grandrounds.handlers.policies.skemex.config:SkeMexPolicy", "grandrounds.handlers.policies.skemex.policy:SkeMexMemory"),
     "selsm": ("grandrounds.handlers.policies.selsm.config:SelsmPolicy", "grandrounds.handlers.policies.selsm.policy:SelsmMemory"),

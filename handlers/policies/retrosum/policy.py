@@ -21,8 +21,8 @@ from grandrounds.handlers.policies.retrosum.config import RetroSumPolicy
 from grandrounds.handlers.policies.retrosum.lessons import ExperienceDraft, LessonDraft, lesson_task, patient_context
 from grandrounds.handlers.text import key_terms
 from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved
-from grandrounds.store.experience_events import ExperienceStored, Lesson
-from grandrounds.store.experience_memory import Experience, ExperienceMemory
+from grandrounds.handlers.policies.retrosum.events import ExperienceStored, Lesson
+from grandrounds.handlers.policies.retrosum.memory import Experience, ExperienceMemory
 from grandrounds.store.llm_events import CaseFailed
 
 ACTOR = "actor"

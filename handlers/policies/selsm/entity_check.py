@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from grandrounds.store.selsm_events import EntityViolation, LogicalSkill
+from grandrounds.handlers.policies.selsm.events import EntityViolation, LogicalSkill
 
 _MONTHS = (r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|jun(?:e)?|jul(?:y)?|aug(?:ust)?|"
            r"sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)")

@@ -22,7 +22,7 @@ from grandrounds.handlers.policies.base import ModelTask, agent_state
 from grandrounds.handlers.policies.fhir_lessons import calls_of, fhir_terms, procedure, task_label, verdict_line
 from grandrounds.handlers.text import key_terms
 from grandrounds.store.event_types import AgentStep, AnswerGiven
-from grandrounds.store.selsm_events import JudgedStep, LogicalSkill
+from grandrounds.handlers.policies.selsm.events import JudgedStep, LogicalSkill
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from grandrounds.handlers.randomness import case_rng
 from grandrounds.handlers.tools import ToolBox
 from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved
 from grandrounds.store.llm_events import CaseFailed
-from grandrounds.store.selsm_events import (RecordStored, SkillRejected, StepLabelled, StoredTransition, TrajectoryJudged,
+from grandrounds.handlers.policies.selsm.events import (RecordStored, SkillRejected, StepLabelled, StoredTransition, TrajectoryJudged,
                                 render_skill)
-from grandrounds.store.selsm_memory import SelsmMemory as SelsmMemoryPart
+from grandrounds.handlers.policies.selsm.memory import SelsmMemory as SelsmMemoryPart
 
 SKILL_KIND = "logical-skill"
 """`MemoryItem.kind` of injected skills (answers that follow one have source `logical-skill:<id>`)."""
@@ -45,7 +45,7 @@ def _item(hit: TransitionHit) -> MemoryItem:
 
 def part_of(ctx) -> SelsmMemoryPart:
     part = ctx.projection.state.policy_memory
-    assert isinstance(part, SelsmMemoryPart), "a selsm run folds into store.selsm_memory.SelsmMemory"
+    assert isinstance(part, SelsmMemoryPart), "a selsm run folds into policies.selsm.memory.SelsmMemory"
     return part
 
 

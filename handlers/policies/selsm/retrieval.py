@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grandrounds.store.selsm_events import StoredTransition
-from grandrounds.store.selsm_memory import SelsmMemory, SelsmRecord
+from grandrounds.handlers.policies.selsm.events import StoredTransition
+from grandrounds.handlers.policies.selsm.memory import SelsmMemory, SelsmRecord
 
 
 def _r6(x: float) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
 from grandrounds.store.event_types import AgentStep, AnswerGiven
-from grandrounds.store.skill_events import Adoption, TrajectoryRecorded
+from grandrounds.handlers.policies.skemex.events import Adoption, TrajectoryRecorded
 
 INFRA_MARKERS = ("error:", "unavailable", "timed out", "timeout", "connection refused", "internal server error")
 """Observation text of a tool/service failure (not the agent's own format errors)."""

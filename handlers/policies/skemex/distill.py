@@ -28,8 +28,8 @@ from grandrounds.handlers.policies.fhir_lessons import fhir_terms, procedure, ta
 from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
 from grandrounds.handlers.text import content_tokens, key_terms, trigger_overlap
 from grandrounds.store.event_types import AgentStep
-from grandrounds.store.skill_events import Adoption, Branch, Decision, SkillBody, TrajectoryRecorded
-from grandrounds.store.skill_memory import Skill
+from grandrounds.handlers.policies.skemex.events import Adoption, Branch, Decision, SkillBody, TrajectoryRecorded
+from grandrounds.handlers.policies.skemex.memory import Skill
 
 PATCH_OVERLAP = 0.6
 """Offline pass 1: a failing trajectory patches the skill it followed when the skill's trigger

@@ -5,7 +5,7 @@ learning window (buffer.py); when the window is full, retained trajectories are 
 in two passes and reviewed (distill.py), then every skill adopted in the window gets its
 utility update (utility.py) and the window closes. govern: after every
 `governance_every` windows, merge / deprecate / mature / capacity (governance.py). All
-of it happens through `skill.*` events (store/skill_events.py).
+of it happens through `skill.*` events (handlers/policies/skemex/events.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from grandrounds.handlers.policies.base import MemoryPolicy, ask
 from grandrounds.handlers.policies.render import render_items
 from grandrounds.handlers.policies.skemex import buffer, distill, governance, retrieval, utility
 from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
-from grandrounds.store import skill_events as sk
+from grandrounds.handlers.policies.skemex import events as sk
 from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved
-from grandrounds.store.skill_memory import Skill, SkillMemory, bucket_of
+from grandrounds.handlers.policies.skemex.memory import Skill, SkillMemory, bucket_of
 
 r6 = utility.r6
 SECTION = {"general": "Skills — general", "task": "Skills — task-level", "action": "Skills — action-level"}

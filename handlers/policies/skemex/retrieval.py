@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
-from grandrounds.store.skill_memory import Skill, SkillMemory
+from grandrounds.handlers.policies.skemex.memory import Skill, SkillMemory
 
 BRANCHES = ("general", "task", "action")
 

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field
 
 from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
-from grandrounds.store.skill_events import Adoption, TrajectoryRecorded
-from grandrounds.store.skill_memory import Baseline
+from grandrounds.handlers.policies.skemex.events import Adoption, TrajectoryRecorded
+from grandrounds.handlers.policies.skemex.memory import Baseline
 
 
 def r6(x: float) -> float:

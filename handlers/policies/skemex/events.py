@@ -3,7 +3,7 @@
 Every status transition of a skill (draft → active → mature, → deprecated, → archived),
 every patch, merge and utility change is one event, so `audit history <skill-id>` can tell
 a skill's whole life. Decisions are made by handlers/policies/skemex and arrive here made;
-store/skill_memory.py folds them. All of them change memory a later run could start from
+handlers/policies/skemex/memory.py folds them. All of them change memory a later run could start from
 (the learning window and the category baselines included), so all carry memory.
 """
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from grandrounds.store.events import EventPayload
-from grandrounds.store.policy_memory import Embed
-from grandrounds.store.selsm_events import RecordStored, SkillRejected, StoredTransition, TrajectoryJudged, render_skill
+from grandrounds.store.policy_memory import Embed, register_part
+from grandrounds.handlers.policies.selsm.events import RecordStored, SkillRejected, StoredTransition, TrajectoryJudged, render_skill
 from grandrounds.store.vector_index import VectorIndex
 
 
@@ -96,3 +96,6 @@ class SelsmMemory:
                 "selsm_success_paradigms": self.success_paradigms,
                 "selsm_correction_axioms": self.correction_axioms,
                 "selsm_rejected_skills": self.rejected, "selsm_trajectories_judged": self.judged}
+
+
+register_part("selsm", SelsmMemory)

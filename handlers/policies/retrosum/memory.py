@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from grandrounds.store.events import EventPayload
-from grandrounds.store.experience_events import ExperienceStored, Lesson
-from grandrounds.store.policy_memory import Embed
+from grandrounds.handlers.policies.retrosum.events import ExperienceStored, Lesson
+from grandrounds.store.policy_memory import Embed, register_part
 from grandrounds.store.vector_index import VectorIndex
 
 
@@ -80,3 +80,6 @@ class ExperienceMemory:
     def counts(self) -> dict:
         return {"experiences": len(self.by_label), "actor_lessons": self.actor_lessons,
                 "summariser_lessons": self.summariser_lessons}
+
+
+register_part("retrosum", ExperienceMemory)

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from grandrounds.store import skill_events as sk
+from grandrounds.handlers.policies.skemex import events as sk
 from grandrounds.store.events import EventPayload
-from grandrounds.store.policy_memory import Embed
+from grandrounds.store.policy_memory import Embed, register_part
 from grandrounds.store.vector_index import VectorIndex
 
 LIVE = ("active", "mature")
@@ -255,3 +255,6 @@ def _same(a: SkillMemory, b: SkillMemory) -> bool:
 
 SkillMemory.__eq__ = lambda self, other: isinstance(other, SkillMemory) and _same(self, other)  # type: ignore
 SkillMemory.__hash__ = None  # type: ignore
+
+
+register_part("skemex", SkillMemory)
