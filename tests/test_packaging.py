@@ -69,3 +69,41 @@ def test_every_source_package_is_listed_in_pyproject():
     import tomllib
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     assert listed == _source_packages()
+
+
+def _declared() -> dict[str, str]:
+    """Declared runtime dependency name (normalised) -> its version specifier."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    out = {}
+    for d in deps:
+        m = re.match(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?(.*)", d)
+        out[m.group(1).lower().replace("_", "-")] = m.group(3)
+    return out
+
+
+def test_every_imported_distribution_is_declared_with_a_tested_range():
+    import importlib.metadata as md
+
+    declared = _declared()
+    dists = md.packages_distributions()
+    missing = set()
+    for top in MAPPED:  # the installed code only: tests and benchmarks may use test extras
+        for path in (ROOT / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+                for name in names:
+                    head = name.split(".")[0]
+                    if head in sys.stdlib_module_names or head == "grandrounds" or head in OLD_TOP_LEVEL:
+                        continue
+                    owners = {d.lower().replace("_", "-") for d in dists.get(head, [head])}
+                    # a distribution pulled in by a declared one (torch by sentence-transformers) must still
+                    # be declared if we import it: nothing promises its API otherwise
+                    if not owners & set(declared):
+                        missing.add(f"{head} ({path.relative_to(ROOT)})")
+    assert not missing, sorted(missing)
+    unbounded = [f"{n}{spec}" for n, spec in declared.items() if ">=" not in spec or "<" not in spec.replace("<=", "")]
+    assert unbounded == [], "every dependency needs a lower and an upper bound"
