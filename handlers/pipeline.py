@@ -10,7 +10,6 @@ run's environment (`ctx.environment`), which the composition root builds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from grandrounds.handlers.act import act
@@ -21,28 +20,12 @@ from grandrounds.handlers.feedback import feedback
 from grandrounds.handlers.govern import govern
 from grandrounds.handlers.reflect import reflect
 from grandrounds.handlers.retrieve import retrieve
+from grandrounds.handlers.stages import STAGES, CaseProgress, Stage, next_stage  # noqa: F401  (re-exported)
 from grandrounds.handlers.tools import ToolBox
 from grandrounds.store.event_types import (AnswerGiven, CaseCompleted, FeedbackRecorded, MemoryRetrieved,
                                            ReflectionRecorded, RunCompleted)
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.llm_events import CaseFailed
-
-STAGES = ("retrieve", "act", "feedback", "reflect", "govern")
-
-
-@dataclass
-class CaseProgress:
-    memory: MemoryRetrieved | None = None
-    answer: AnswerGiven | None = None
-    feedback: FeedbackRecorded | None = None
-    reflection: ReflectionRecorded | None = None
-    completed: CaseCompleted | None = None
-    failed: CaseFailed | None = None
-    """Set when act or reflect could not complete (the stage is in `failed.stage`)."""
-
-    @property
-    def started(self) -> bool:
-        return self.memory is not None
 
 
 def case_progress(store: EventStore, run_id: str, case_id: str, after_seq: int = -1) -> CaseProgress:
@@ -72,15 +55,12 @@ async def _noop(stage: str) -> None:
     return None
 
 
-async def process_case(ctx: RunContext, case: Case | FhirCase, index: int,
-                       progress: CaseProgress | None = None, on_stage: StageDone = _noop) -> CaseCompleted:
-    p = progress or CaseProgress()
-    if p.completed is not None:
-        return p.completed
-    if p.memory is None:
+async def run_stage(ctx: RunContext, case: Case | FhirCase, index: int, progress: CaseProgress, stage: Stage) -> None:
+    """Run one stage of a case and record its output in `progress` (its events go to ctx.writer)."""
+    p = progress
+    if stage == "retrieve":
         p.memory = await retrieve(ctx, case, index)
-        await on_stage("retrieve")
-    if p.answer is None and p.failed is None:
+    elif stage == "act":
         if case.kind in ("fhir", "osce"):  # the run's environment: FHIR functions / OSCE patient, fresh per case
             toolbox = require_environment(ctx, case).tools_for(case)
         else:
@@ -90,28 +70,35 @@ async def process_case(ctx: RunContext, case: Case | FhirCase, index: int,
             p.failed = result
         else:
             p.answer = result
-        await on_stage("act")
-    if p.answer is None:
-        # No answer: the case counts as incorrect, and no feedback, reflection or governance
-        # runs from it, so a failed case never changes memory.
-        p.completed = CaseCompleted(index=index, correct=False)
-        ctx.writer.emit(p.completed, case_id=case.case_id)
-        close_run_if_done(ctx)
-        await on_stage("govern")
-        return p.completed
-    if p.feedback is None:
+    elif stage == "feedback":
         p.feedback = await feedback(ctx, case, p.memory, p.answer)
-        await on_stage("feedback")
-    if p.reflection is None and p.failed is None:
+    elif stage == "reflect":
         result = await reflect(ctx, case, p.memory, p.answer, p.feedback)
         if isinstance(result, CaseFailed):
             p.failed = result
         else:
             p.reflection = result
-        await on_stage("reflect")
-    p.completed = await govern(ctx, case, index, p.feedback)
-    close_run_if_done(ctx)
-    await on_stage("govern")
+            p.reflected = True
+    elif stage == "govern":
+        if p.answer is None:
+            # No answer: the case counts as incorrect, and no feedback, reflection or governance
+            # runs from it, so a failed case never changes memory.
+            p.completed = CaseCompleted(index=index, correct=False)
+            ctx.writer.emit(p.completed, case_id=case.case_id)
+        else:
+            p.completed = await govern(ctx, case, index, p.feedback)
+        close_run_if_done(ctx)
+    else:
+        raise ValueError(f"unknown stage {stage!r}")
+
+
+async def process_case(ctx: RunContext, case: Case | FhirCase, index: int,
+                       progress: CaseProgress | None = None, on_stage: StageDone = _noop) -> CaseCompleted:
+    """Every stage the case still lacks, in order; `on_stage` after each (the transport flushes there)."""
+    p = progress or CaseProgress()
+    while (stage := next_stage(p)) is not None:
+        await run_stage(ctx, case, index, p, stage)
+        await on_stage(stage)
     return p.completed
 
 

@@ -25,11 +25,13 @@ SOURCE_DIRS = {
     "handlers": "grandrounds.handlers",
     "streams": "grandrounds.streams",
     "replay": "grandrounds.replay",
+    "sandbox": "grandrounds.sandbox",
 }
 
 # Layers, lowest first: a module may import its own layer and those below it, never one above.
 LAYERS = {
     "grandrounds.store": 0,
+    "grandrounds.sandbox": 0.5,  # the local FHIR test server: the store's helpers only; handlers may start it
     "grandrounds.handlers": 1,
     "grandrounds.streams": 2,
     "grandrounds.replay": 2,

@@ -6,8 +6,8 @@ outlast `max_poll_interval_ms`. The work itself runs in one task per run (`RunAc
 keeps the run strictly in order: a message is processed only when it is the run's next step
 by the log; an earlier one is a redelivery and is skipped; a later one waits its turn.
 
-Per stage message: the stage runs through `handlers.pipeline.process_case` (stopped at the
-stage boundary); its batch of events goes to the changelog and the next stage's command to its
+Per stage message: the stage the case runs next by `handlers.pipeline.next_stage` runs (`run_stage`,
+the one stage machine the embedded runner drives too); its batch of events goes to the changelog and the next stage's command to its
 topic (both queued on one producer, in order). Where this worker owns the command's partition,
 the run goes on with the next stage at once, without waiting for the broker: that step is
 committed only once the command's offset is known (from the produce acknowledgement, or from
@@ -44,10 +44,10 @@ from typing import Any, Awaitable, Callable, Iterable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from grandrounds.handlers.cases import Case
-from grandrounds.handlers.pipeline import STAGES, CaseProgress, case_progress, process_case
+from grandrounds.handlers.pipeline import STAGES, CaseProgress, case_progress, next_stage, run_stage
 from grandrounds.handlers.runs import RunMismatch, open_run, read_spec
 from grandrounds.store.embeddings import EmbeddingCache
-from grandrounds.store.event_types import CaseReceived, ReflectionRecorded
+from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.eventstore import ConsumedOffset, EventStore
 from grandrounds.store.events import NewEvent, StoredEvent
 from grandrounds.store.projection import Checkpoint, checkpoint_of, save_checkpoint, write_checkpoint
@@ -61,33 +61,14 @@ log = logging.getLogger("grandrounds.kafka")
 STAGE_INDEX = {s: i for i, s in enumerate(STAGES)}
 START_KEY = (-1, 0)
 
-# In memory only, never emitted: marks "reflect ran and wrote nothing" (a policy that does not
-# write memory), so process_case moves on to govern instead of reflecting again.
-_NO_REFLECTION = ReflectionRecorded(summary="", guideline="")
-
-
-class _StageBoundary(Exception):
-    pass
-
-
-async def _stop_at_boundary(stage: str) -> None:
-    raise _StageBoundary(stage)
-
-
 async def run_one_stage(ctx, case: Case, index: int, progress: CaseProgress) -> str:
-    """Run the first stage of the case that `progress` lacks, and only that one.
-
-    process_case is the embedded runner's own sequence of stages, so both transports emit
-    the same events in the same order; a Kafka message is one stage, hence the stop.
-    """
-    try:
-        await process_case(ctx, case, index, progress, on_stage=_stop_at_boundary)
-    except _StageBoundary as boundary:
-        stage = boundary.args[0]
-        if stage == "reflect" and progress.reflection is None:
-            progress.reflection = _NO_REFLECTION
-        return stage
-    raise RuntimeError(f"case {case.case_id} was already complete")
+    """Run the stage the case runs next (handlers/pipeline.py's stage machine), and only that one:
+    a Kafka message is one stage."""
+    stage = next_stage(progress)
+    if stage is None:
+        raise RuntimeError(f"case {case.case_id} was already complete")
+    await run_stage(ctx, case, index, progress, stage)
+    return stage
 
 
 @dataclass
@@ -855,20 +836,6 @@ class KafkaWorker:
                     commits={"transactions": self.committer.transactions, "stage_batches": self.committer.batches})
 
 
-def next_stage(progress: CaseProgress) -> str:
-    """The stage process_case would run next for a case with this progress (mirrors its skips)."""
-    failed = getattr(progress, "failed", None)  # act/reflect could not complete (case.failed)
-    if progress.memory is None:
-        return "retrieve"
-    if progress.answer is None:
-        return "act" if failed is None else "govern"
-    if progress.feedback is None:
-        return "feedback"
-    if progress.reflection is None and failed is None:
-        return "reflect"
-    return "govern"
-
-
 class _Reloaded(Exception):
     """The run was reloaded from the log while a stage ran (a commit of an earlier step failed)."""
 
@@ -1082,7 +1049,7 @@ class RunActor:
         logged = None
         if batch and w.publish_changelog is not None:
             logged = await w.publish_changelog(batch, confirm=False)
-        nxt = next_stage(self.progress) if stage != "govern" else None
+        nxt = next_stage(self.progress)  # None: the case is done
         cmd = sent = None
         if nxt is not None and w.publish_stage is not None:
             cmd = StageCommand(run_id=self.run_id, index=self.index, case_id=self.case.case_id)

@@ -15,9 +15,10 @@ from urllib.parse import urlsplit
 
 from aiokafka.partitioner import murmur2
 
+from grandrounds.handlers.stages import STAGES
+
 log = logging.getLogger("grandrounds.kafka")
 
-STAGES = ("retrieve", "act", "feedback", "reflect", "govern")
 DEFAULT_PREFIX = "grandrounds."
 DEFAULT_GROUP = "grandrounds"
 DEFAULT_PARTITIONS = 8
