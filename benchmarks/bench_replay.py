@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +47,7 @@ from grandrounds.replay.order_replay import execute_plan, plan_replay  # noqa: E
 from grandrounds.store.canonical import content_hash  # noqa: E402
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm  # noqa: E402
 from grandrounds.store.eventstore import EventStore  # noqa: E402
+from grandrounds.store.read_model import EventLog  # noqa: E402
 
 SOURCE = "cab"
 CLI = [sys.executable, "-m", "grandrounds"]
@@ -65,8 +67,7 @@ def fresh_copy(src: Path, dst: Path) -> Path:
 def build_source(path: Path, n: int) -> dict:
     cases = load_chestagentbench(DEFAULT_PATH, limit=n)
     with EventStore(path) as store:
-        done = store.conn.execute("SELECT count(*) FROM events WHERE run_id = ? AND type = 'case.completed'",
-                                  [SOURCE]).fetchone()[0]
+        done = EventLog(store).completed_cases(SOURCE)
         if done == len(cases):
             return {"built": False, "cases": len(cases)}
         cache = EmbeddingCache(shared_minilm(), store.conn)
@@ -158,18 +159,14 @@ def audit(path: Path, work: Path) -> dict:
     from grandrounds.replay.audit_items import items
 
     with EventStore(path, read_only=True) as store:
-        n = store.conn.execute("SELECT count(*) FROM events WHERE run_id = ? AND type = 'case.completed'",
-                               [SOURCE]).fetchone()[0]
-        top_rule = store.conn.execute(
-            "SELECT split_part(payload->>'$.source', ':', 2) s, count(*) c FROM events WHERE run_id = ? AND "
-            "type = 'answer.given' AND payload->>'$.source' LIKE 'rule:%' GROUP BY s ORDER BY c DESC, s LIMIT 1",
-            [SOURCE]).fetchone()[0]
-        episodes = store.conn.execute("SELECT count(*) FROM events WHERE run_id = ? AND type = 'episode.stored'",
-                                      [SOURCE]).fetchone()[0]
+        log = EventLog(store)
+        n = log.completed_cases(SOURCE)
+        used = Counter(e.payload["source"].split(":", 1)[1] for e in log.events(SOURCE, types=["answer.given"], meta=False)
+                       if e.payload["source"].startswith("rule:"))
+        top_rule = min(used.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+        episodes = log.of_type(SOURCE, "episode.stored")
         # the episode written halfway through the run (any --cases: there is one per case)
-        mid_episode = store.conn.execute(
-            "SELECT payload->>'$.episode_id' FROM events WHERE run_id = ? AND type = 'episode.stored' "
-            "ORDER BY seq LIMIT 1 OFFSET ?", [SOURCE, episodes // 2]).fetchone()[0]
+        mid_episode = episodes[len(episodes) // 2].payload["episode_id"]
         other = f"{SOURCE}-perm0-s{SEED[0]}"
         queries = {
             "items (head)": (lambda: items(store, SOURCE), ["audit", "items", SOURCE]),

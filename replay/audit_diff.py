@@ -11,6 +11,7 @@ from grandrounds.replay.audit_common import memory_at, utility_of
 from grandrounds.replay.caselog import require_spec
 from grandrounds.replay.stats import outcomes_of, summarise
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.read_model import EventLog
 
 
 def _keyed_rules(state, policy) -> dict[str, dict]:
@@ -44,11 +45,7 @@ def same_log(store: EventStore, run_a: str, run_b: str, events_a: int, events_b:
     """Whether two runs have the same (seq, type, payload) events, i.e. the same fingerprint."""
     if events_a != events_b:
         return False
-    matching = store.conn.execute(
-        "SELECT count(*) FROM events a JOIN events b ON a.seq = b.seq AND a.type = b.type "
-        "AND CAST(a.payload AS VARCHAR) = CAST(b.payload AS VARCHAR) WHERE a.run_id = ? AND b.run_id = ?",
-        [run_a, run_b]).fetchone()[0]
-    return int(matching) == events_a
+    return EventLog(store).same_events(run_a, run_b)
 
 
 def diff(store: EventStore, run_a: str, run_b: str, limit: int | None = None) -> dict:

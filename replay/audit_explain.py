@@ -7,11 +7,11 @@ at the earlier case that taught it.
 
 from __future__ import annotations
 
-import json
 
 from grandrounds.replay.audit_common import case_indexes, resolve_case, short
 from grandrounds.replay.caselog import require_spec
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.read_model import EventLog
 
 CHANGE_TYPES = ("episode.stored", "rule.added", "rule.edited", "rule.priority_changed", "rule.retired",
                 "tool.label_changed")
@@ -21,20 +21,22 @@ def _provenance(store: EventStore, run_id: str, rule_ids: list[str], episode_ids
                 indexes: dict[str, int]) -> dict[str, dict]:
     """item id -> the event that created it (seq, case, reflection)."""
     out: dict[str, dict] = {}
+    log = EventLog(store)
     if rule_ids:
-        for seq, cid, cause, payload in store.conn.execute(
-                "SELECT seq, case_id, causation_seq, payload FROM events WHERE run_id = ? AND type = 'rule.added' "
-                "AND payload->>'$.rule_id' IN (SELECT unnest(?::VARCHAR[]))", [run_id, rule_ids]).fetchall():
-            p = json.loads(payload)
-            out[p["rule_id"]] = {"created_seq": int(seq), "from_case_id": cid, "from_case_index": indexes.get(cid),
-                                 "reflection_seq": cause, "text_at_creation": p["text"]}
+        wanted = set(rule_ids)
+        for e in log.events(run_id, types=["rule.added"]):
+            p = e.payload
+            if p["rule_id"] in wanted:
+                out[p["rule_id"]] = {"created_seq": e.seq, "from_case_id": e.case_id,
+                                     "from_case_index": indexes.get(e.case_id), "reflection_seq": e.causation_seq,
+                                     "text_at_creation": p["text"]}
     if episode_ids:
-        for seq, cid, cause, payload in store.conn.execute(
-                "SELECT seq, case_id, causation_seq, payload FROM events WHERE run_id = ? AND type = 'episode.stored' "
-                "AND payload->>'$.episode_id' IN (SELECT unnest(?::VARCHAR[]))", [run_id, episode_ids]).fetchall():
-            p = json.loads(payload)
-            out[p["episode_id"]] = {"created_seq": int(seq), "from_case_id": cid,
-                                    "from_case_index": indexes.get(cid), "reflection_seq": cause}
+        wanted = set(episode_ids)
+        for e in log.events(run_id, types=["episode.stored"]):
+            p = e.payload
+            if p["episode_id"] in wanted:
+                out[p["episode_id"]] = {"created_seq": e.seq, "from_case_id": e.case_id,
+                                        "from_case_index": indexes.get(e.case_id), "reflection_seq": e.causation_seq}
     return out
 
 

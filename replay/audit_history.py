@@ -11,35 +11,47 @@ from __future__ import annotations
 
 import bisect
 import json
+from typing import Callable
 
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
 from grandrounds.handlers.policies.evo_medagent.policy import rule_utility
 from grandrounds.replay.audit_common import AuditInputError, case_indexes, short
 from grandrounds.replay.caselog import require_spec
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.read_model import EventLog
 from grandrounds.store.memory_state import Rule
 
 RULE_TYPES = ("rule.added", "rule.edited", "rule.priority_changed", "rule.retired")
 
 
-def _rows(store: EventStore, sql: str, params: list) -> list[tuple[int, str, str | None, int | None, dict]]:
-    rows = store.conn.execute(
-        f"SELECT seq, type, case_id, causation_seq, payload FROM events WHERE run_id = ? AND ({sql}) ORDER BY seq",
-        params).fetchall()
-    return [(int(r[0]), r[1], r[2], None if r[3] is None else int(r[3]), json.loads(r[4])) for r in rows]
+Row = tuple[int, str, "str | None", "int | None", dict]
+
+
+def _rows(store: EventStore, run_id: str, typed: dict[str, Callable[[dict], bool]],
+          text_types: tuple[str, ...] = (), needle: str | None = None) -> list[Row]:
+    """(seq, type, case_id, causation_seq, payload) in seq order: events of the `typed` types whose payload
+    passes its test, and events of `text_types` whose stored payload contains `needle`."""
+    log = EventLog(store)
+    found = {e.seq: e for e in log.events(run_id, types=list(typed)) if typed[e.type](e.payload)} if typed else {}
+    if text_types:
+        found.update((e.seq, e) for e in log.events(run_id, types=list(text_types), text=needle))
+    return [(e.seq, e.type, e.case_id, e.causation_seq, e.payload) for _, e in sorted(found.items())]
+
+
+def _has(store: EventStore, run_id: str, type_: str, field: str, value: str) -> bool:
+    return any(e.payload.get(field) == value for e in EventLog(store).events(run_id, types=[type_]))
 
 
 def item_kind(store: EventStore, run_id: str, item: str) -> str:
-    q = ("SELECT 1 FROM events WHERE run_id = ? AND type = ? AND payload->>? = ? LIMIT 1")
-    if store.conn.execute(q, [run_id, "rule.added", "$.rule_id", item]).fetchone():
+    if _has(store, run_id, "rule.added", "rule_id", item):
         return "rule"
-    if store.conn.execute(q, [run_id, "episode.stored", "$.episode_id", item]).fetchone():
+    if _has(store, run_id, "episode.stored", "episode_id", item):
         return "episode"
-    if store.conn.execute(q, [run_id, "skill.drafted", "$.skill_id", item]).fetchone():
+    if _has(store, run_id, "skill.drafted", "skill_id", item):
         return "skill"
     started = store.read(run_id, upto_seq=0)
     tools = started[0].payload.get("tools", {}) if started else {}
-    if item in tools or store.conn.execute(q, [run_id, "tool.label_changed", "$.tool", item]).fetchone():
+    if item in tools or _has(store, run_id, "tool.label_changed", "tool", item):
         return "tool"
     raise AuditInputError(f"run {run_id!r} has no memory item {item!r} "
                           "(a rule id like rule-00012, an episode id like ep-00003, a skill id like t000004, "
@@ -65,12 +77,9 @@ def _outcomes_by_case(store: EventStore, run_id: str, case_ids: list[str]) -> di
     """answer.given and feedback.recorded of the given cases, by case id."""
     if not case_ids:
         return {}
-    rows = store.conn.execute(
-        "SELECT case_id, type, payload FROM events WHERE run_id = ? AND type IN ('answer.given', 'feedback.recorded') "
-        "AND case_id IN (SELECT unnest(?::VARCHAR[]))", [run_id, case_ids]).fetchall()
     out: dict[str, dict] = {}
-    for cid, type_, payload in rows:
-        out.setdefault(cid, {})[type_] = json.loads(payload)
+    for e in EventLog(store).events(run_id, types=["answer.given", "feedback.recorded"], case_ids=case_ids):
+        out.setdefault(e.case_id, {})[e.type] = e.payload
     return out
 
 
@@ -86,18 +95,14 @@ def _use_entry(seq: int, cid: str, indexes: dict, rank: int, scores: dict, ref: 
 
 def _rule_history(store: EventStore, run_id: str, rule_id: str, policy, indexes: dict) -> dict:
     needle = f'"rule_id":{json.dumps(rule_id)}'
-    rows = _rows(store,
-                 "(type IN (SELECT unnest(?::VARCHAR[])) AND payload->>'$.rule_id' = ?) "
-                 "OR (type IN ('memory.retrieved', 'feedback.recorded') AND contains(CAST(payload AS VARCHAR), ?))",
-                 [run_id, list(RULE_TYPES), rule_id, needle])
-    feedback_seqs = [int(r[0]) for r in store.conn.execute(
-        "SELECT seq FROM events WHERE run_id = ? AND type = 'feedback.recorded' ORDER BY seq", [run_id]).fetchall()]
+    rows = _rows(store, run_id, {t: (lambda p: p.get("rule_id") == rule_id) for t in RULE_TYPES},
+                 ("memory.retrieved", "feedback.recorded"), needle)
+    log = EventLog(store)
+    feedback_seqs = [e.seq for e in log.events(run_id, types=["feedback.recorded"])]
     retrieved_cases = [cid for _, t, cid, _, _ in rows if t == "memory.retrieved"]
     outcomes = _outcomes_by_case(store, run_id, retrieved_cases)
     causes = [c for _, t, _, c, _ in rows if t in RULE_TYPES and c is not None]
-    reflections = {int(r[0]): json.loads(r[1]) for r in store.conn.execute(
-        "SELECT seq, payload FROM events WHERE run_id = ? AND seq IN (SELECT unnest(?::BIGINT[]))",
-        [run_id, causes]).fetchall()} if causes else {}
+    reflections = {e.seq: e.payload for e in log.events(run_id, seqs=causes)} if causes else {}
 
     ref = f"rule:{rule_id}"
     rule: Rule | None = None
@@ -166,8 +171,7 @@ def _rule_history(store: EventStore, run_id: str, rule_id: str, policy, indexes:
 def _episode_history(store: EventStore, run_id: str, episode_id: str, indexes: dict) -> dict:
     needle = f'"episode_id":{json.dumps(episode_id)}'
     ref = f"episode:{episode_id}"
-    rows = _rows(store, "(type IN ('episode.stored', 'memory.retrieved') AND contains(CAST(payload AS VARCHAR), ?))",
-                 [run_id, needle])
+    rows = _rows(store, run_id, {}, ("episode.stored", "memory.retrieved"), needle)
     outcomes = _outcomes_by_case(store, run_id, [cid for _, t, cid, _, _ in rows if t == "memory.retrieved"])
     events = []
     for seq, type_, cid, cause, p in rows:
@@ -195,8 +199,7 @@ def _episode_history(store: EventStore, run_id: str, episode_id: str, indexes: d
 
 def _tool_history(store: EventStore, run_id: str, tool: str, indexes: dict) -> dict:
     needle = f'"tool":{json.dumps(tool)}'
-    rows = _rows(store, "type IN ('tool.label_changed', 'answer.given', 'feedback.recorded') "
-                        "AND contains(CAST(payload AS VARCHAR), ?)", [run_id, needle])
+    rows = _rows(store, run_id, {}, ("tool.label_changed", "answer.given", "feedback.recorded"), needle)
     events = []
     for seq, type_, cid, _, p in rows:
         base = {"seq": seq, "case_id": cid, "case_index": indexes.get(cid)}
@@ -233,11 +236,9 @@ def _skill_history(store: EventStore, run_id: str, skill_id: str, indexes: dict)
     """A SkeMex skill: draft, review, patches, every retrieval and adoption, each once-per-window
     utility update, maturation / deprecation / merge / archiving."""
     needle = f'"item_id":{json.dumps(skill_id)}'
-    rows = _rows(store,
-                 "(type IN (SELECT unnest(?::VARCHAR[])) AND payload->>'$.skill_id' = ?) "
-                 "OR (type = 'skill.merged' AND (payload->>'$.kept' = ? OR payload->>'$.absorbed' = ?)) "
-                 "OR (type = 'memory.retrieved' AND contains(CAST(payload AS VARCHAR), ?))",
-                 [run_id, list(SKILL_TYPES), skill_id, skill_id, skill_id, needle])
+    typed = {t: (lambda p: p.get("skill_id") == skill_id) for t in SKILL_TYPES}
+    typed["skill.merged"] = lambda p: skill_id in (p.get("kept"), p.get("absorbed"))
+    rows = _rows(store, run_id, typed, ("memory.retrieved",), needle)
     outcomes = _outcomes_by_case(store, run_id, [cid for _, t, cid, _, _ in rows if t == "memory.retrieved"])
     ref = f"skill:{skill_id}"
     events, utility = [], []

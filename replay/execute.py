@@ -15,7 +15,6 @@ changes its events: workers only change the wall time. Replay runs are not check
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import tempfile
@@ -31,6 +30,7 @@ from grandrounds.handlers.runs import RunSpec, open_run
 from grandrounds.replay.orphans import die_with_parent
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.read_model import EventLog, decode_rows
 from grandrounds.store.event_types import MemorySeeded
 from grandrounds.store.events import StoredEvent
 from grandrounds.store.projection import MemoryProjection, save_checkpoint
@@ -108,9 +108,7 @@ def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec
 
 
 def completed_cases(store: EventStore, run_id: str) -> int:
-    row = store.conn.execute("SELECT count(*) FROM events WHERE run_id = ? AND type = 'case.completed'",
-                             [run_id]).fetchone()
-    return int(row[0])
+    return EventLog(store).completed_cases(run_id)
 
 
 # --- in this process -----------------------------------------------------------------------
@@ -158,16 +156,13 @@ def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing
         conn.execute("DETACH gr_seed")
         # Rows as stored (payload and meta as JSON text): pickling text is ~10x cheaper than
         # pickling the decoded payload dicts.
-        rows = conn.execute(
-            "SELECT run_id, seq, type, schema_version, case_id, causation_seq, payload, meta, chain FROM events "
-            "WHERE run_id = ? AND seq > ? ORDER BY seq", [run_id, existing[-1].seq if existing else -1]).fetchall()
+        rows = list(EventLog(scratch).stored_rows([run_id], after_seq=existing[-1].seq if existing else -1))
     return {"processed": processed, "seconds": time.perf_counter() - t0, "misses": cache.misses,
             "rows": rows, "vectors": vectors}
 
 
 def _stored(rows: list[tuple]) -> list[StoredEvent]:
-    return [StoredEvent(r[0], int(r[1]), r[2], int(r[3]), r[4], None if r[5] is None else int(r[5]),
-                        json.loads(r[6]), json.loads(r[7]), r[8]) for r in rows]
+    return decode_rows(rows)
 
 
 def _seed_file(target: EventStore, path: Path) -> None:

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from grandrounds.replay.caselog import require_spec
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.events import StoredEvent
+from grandrounds.store.read_model import EventLog
 
 FORMATS = ("parquet", "jsonl")
-_COLUMNS = "run_id, seq, type, schema_version, case_id, causation_seq, payload, meta, chain"
 
 
 class ExportError(ValueError):
@@ -72,31 +73,34 @@ def export_runs(store: EventStore, run_ids: list[str], out: str, fmt: str | None
 
 
 def _write(store: EventStore, run_ids: list[str], path: Path, fmt: str) -> int:
-    where = "run_id IN (SELECT unnest(?::VARCHAR[]))"
+    log = EventLog(store)
     if fmt == "parquet":
-        # COPY takes no parameters: run ids (known to exist) go in as escaped literals.
-        conn = store.conn
-        ids = ", ".join("'" + rid.replace("'", "''") + "'" for rid in run_ids)
-        target = str(path).replace("'", "''")
-        conn.execute(f"COPY (SELECT {_COLUMNS} FROM events WHERE run_id IN ({ids}) "
-                     f"ORDER BY run_id, seq) TO '{target}' (FORMAT PARQUET)")
-        n = conn.execute(f"SELECT count(*) FROM events WHERE {where}", [run_ids]).fetchone()[0]
+        n = log.copy_to_parquet(run_ids, str(path))
     else:
         n = 0
-        cur = store.conn.cursor()
-        try:
-            cur.execute(f"SELECT {_COLUMNS} FROM events WHERE {where} ORDER BY run_id, seq", [run_ids])
-            with path.open("w", encoding="utf-8") as fh:
-                while rows := cur.fetchmany(10_000):
-                    for r in rows:
-                        # payload and meta are stored canonical JSON: spliced in verbatim, not re-encoded
-                        head = json.dumps({"run_id": r[0], "seq": int(r[1]), "type": r[2], "schema_version": int(r[3]),
-                                           "case_id": r[4], "causation_seq": None if r[5] is None else int(r[5])},
-                                          ensure_ascii=False)
-                        fh.write(f'{head[:-1]},"payload":{r[6]},"meta":{r[7]},"chain":{json.dumps(r[8])}}}\n')
-                        n += 1
-                fh.flush()
-                os.fsync(fh.fileno())
-        finally:
-            cur.close()
+        with path.open("w", encoding="utf-8") as fh:
+            for r in log.stored_rows(run_ids):
+                # payload and meta are stored canonical JSON: spliced in verbatim, not re-encoded
+                head = json.dumps({"run_id": r[0], "seq": int(r[1]), "type": r[2], "schema_version": int(r[3]),
+                                   "case_id": r[4], "causation_seq": None if r[5] is None else int(r[5])},
+                                  ensure_ascii=False)
+                fh.write(f'{head[:-1]},"payload":{r[6]},"meta":{r[7]},"chain":{json.dumps(r[8])}}}\n')
+                n += 1
+            fh.flush()
+            os.fsync(fh.fileno())
     return int(n)
+
+
+def load_jsonl(path: str | Path) -> list[StoredEvent]:
+    """The events of a JSON Lines export (`export_runs`), as stored: ready for `EventStore.import_events`,
+    which checks every chain hash. Payload and meta are data, parsed as JSON, never executed."""
+    out = []
+    with Path(path).open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            try:
+                d = json.loads(line)
+                out.append(StoredEvent(d["run_id"], int(d["seq"]), d["type"], int(d["schema_version"]), d["case_id"],
+                                       d["causation_seq"], d["payload"], d["meta"], d["chain"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ExportError(f"{path}:{n}: not an exported event ({exc})") from None
+    return out

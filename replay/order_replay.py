@@ -46,6 +46,7 @@ from grandrounds.replay.metrics import default_window, rolling_accuracy
 from grandrounds.replay.stats import bootstrap_mean_ci, outcomes_of, summarise
 from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.read_model import EventLog
 
 
 MODEL_BACKBONES = ("openai", "record")
@@ -256,11 +257,8 @@ def replay_result(store: EventStore, plan: ReplayPlan, results: list[JobResult],
 def llm_calls(store: EventStore, run_id: str) -> dict[str, int]:
     """The run's model exchanges (attempts) by how they were served: from the record, or live
     (a live run's calls, or live fall-through on a miss)."""
-    rows = store.conn.execute(
-        "SELECT meta->>'served', count(*) FROM events WHERE run_id = ? AND type = 'llm.exchange' GROUP BY 1",
-        [run_id]).fetchall()
     counts = {"recorded": 0, "live": 0}
-    for served, n in rows:
+    for served, n in EventLog(store).meta_counts(run_id, "llm.exchange", "served").items():
         counts["recorded" if served == "record" else "live"] += int(n)
     return counts
 

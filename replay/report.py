@@ -9,26 +9,29 @@ import math
 
 from grandrounds.replay.plot import SIM_CAPTION, atomic_write, plot_curves, plot_growth
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.read_model import EventLog
 
 
 def category_accuracy(store: EventStore, run_id: str) -> dict[str, dict]:
-    rows = store.conn.execute(
-        "SELECT r.payload->>'$.case.category' AS category, count(*), "
-        "sum(CASE WHEN (c.payload->>'$.correct')::BOOLEAN THEN 1 ELSE 0 END) "
-        "FROM events r JOIN events c ON c.run_id = r.run_id AND c.case_id = r.case_id AND c.type = 'case.completed' "
-        "WHERE r.run_id = ? AND r.type = 'case.received' GROUP BY category ORDER BY category", [run_id]).fetchall()
-    return {r[0]: {"cases": int(r[1]), "correct": int(r[2]), "accuracy": round(int(r[2]) / int(r[1]), 6)}
-            for r in rows}
+    log = EventLog(store)
+    category = {e.case_id: e.payload["case"].get("category")
+                for e in log.events(run_id, types=["case.received"], meta=False)}
+    tally: dict = {}
+    for e in log.events(run_id, types=["case.completed"], meta=False):
+        if e.case_id in category:
+            cases, correct = tally.get(category[e.case_id], (0, 0))
+            tally[category[e.case_id]] = (cases + 1, correct + int(bool(e.payload["correct"])))
+    return {c: {"cases": n, "correct": k, "accuracy": round(k / n, 6)}
+            for c, (n, k) in sorted(tally.items(), key=lambda kv: (kv[0] is None, kv[0] or ""))}
 
 
 def memory_growth(store: EventStore, run_id: str) -> dict[str, list[int]]:
     """Active rules and episodes after each completed case."""
-    rows = store.conn.execute(
-        "SELECT type FROM events WHERE run_id = ? AND type IN "
-        "('rule.added', 'rule.retired', 'episode.stored', 'case.completed') ORDER BY seq", [run_id]).fetchall()
     rules = episodes = 0
     out: dict[str, list[int]] = {"rules": [], "episodes": []}
-    for (type_,) in rows:
+    for e in EventLog(store).events(run_id, types=["rule.added", "rule.retired", "episode.stored", "case.completed"],
+                                    meta=False):
+        type_ = e.type
         if type_ == "rule.added":
             rules += 1
         elif type_ == "rule.retired":

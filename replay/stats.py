@@ -1,16 +1,14 @@
-"""Run outcomes straight from the log (SQL over `case.completed`) and their summaries."""
+"""Run outcomes from the log (`case.completed`, through the read model) and their summaries."""
 
 from __future__ import annotations
 
 from grandrounds.replay.metrics import cumulative_accuracy
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.read_model import EventLog
 
 
 def outcomes_of(store: EventStore, run_id: str) -> list[bool]:
-    rows = store.conn.execute(
-        "SELECT (payload->>'$.correct')::BOOLEAN FROM events "
-        "WHERE run_id = ? AND type = 'case.completed' ORDER BY seq", [run_id]).fetchall()
-    return [bool(r[0]) for r in rows]
+    return [bool(e.payload["correct"]) for e in EventLog(store).events(run_id, types=["case.completed"], meta=False)]
 
 
 def summarise(results: list[bool]) -> dict:

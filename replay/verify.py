@@ -30,6 +30,7 @@ from grandrounds.replay.execute import execute
 from grandrounds.store.canonical import canonical_json
 from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.read_model import EventLog
 from grandrounds.store.events import StoredEvent
 from grandrounds.store.signing import SigningKey, check_head
 
@@ -111,9 +112,7 @@ def _completeness(store: EventStore, run_id: str, chain_version: int | None) -> 
     run is reported with `complete: null` and a warning, never as proven whole."""
     started = store.read(run_id, upto_seq=0)
     declared = started[0].payload.get("cases") if started and started[0].type == "run.started" else None
-    counts = dict(store.conn.execute(
-        "SELECT type, count(*) FROM events WHERE run_id = ? AND type IN "
-        "('case.received', 'case.completed', 'run.completed') GROUP BY type", [run_id]).fetchall())
+    counts = EventLog(store).counts_by_type(run_id)
     received, completed = int(counts.get("case.received", 0)), int(counts.get("case.completed", 0))
     run_completed = int(counts.get("run.completed", 0)) > 0
     out = {"declared_cases": declared, "received_cases": received, "completed_cases": completed,

@@ -8,6 +8,7 @@ one version step at a time, so stored bytes are never rewritten.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypeVar
 
@@ -147,6 +148,13 @@ class StoredEvent:
     INSERT and the changelog do not serialise it again. Not part of the event's identity."""
     meta_json: str | None = field(default=None, compare=False, repr=False)
     """The same for meta (the chain covers a digest of it)."""
+
+    @classmethod
+    def from_row(cls, r: tuple) -> "StoredEvent":
+        """The one decoder of a stored row: (run_id, seq, type, schema_version, case_id, causation_seq,
+        payload JSON, meta JSON, chain)."""
+        return cls(r[0], int(r[1]), r[2], int(r[3]), r[4], None if r[5] is None else int(r[5]),
+                   json.loads(r[6]), json.loads(r[7]), r[8])
 
     def canonical_payload(self) -> str:
         return self.payload_json if self.payload_json is not None else canonical_json(self.payload)

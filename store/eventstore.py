@@ -408,9 +408,7 @@ class EventStore:
             cur.execute(sql, params)
             while rows := cur.fetchmany(batch):
                 for r in rows:
-                    yield StoredEvent(r[0], int(r[1]), r[2], int(r[3]), r[4],
-                                      None if r[5] is None else int(r[5]),
-                                      json.loads(r[6]), json.loads(r[7]), r[8])
+                    yield StoredEvent.from_row(r)
         finally:
             cur.close()
 
@@ -531,11 +529,7 @@ class EventStore:
             f"SELECT {self._COLUMNS} FROM events WHERE run_id = ? AND type = ? ORDER BY seq DESC LIMIT 1",
             [run_id, type_],
         ).fetchone()
-        if row is None:
-            return None
-        return StoredEvent(row[0], int(row[1]), row[2], int(row[3]), row[4],
-                           None if row[5] is None else int(row[5]),
-                           json.loads(row[6]), json.loads(row[7]), row[8])
+        return None if row is None else StoredEvent.from_row(row)
 
     def consumer_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
         rows = self.conn.execute(
