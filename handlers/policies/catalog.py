@@ -15,7 +15,8 @@ from grandrounds.handlers.policies.skemex import events as _skemex_events  # noq
 from grandrounds.handlers.policies.skemex import memory as _skemex_memory  # noqa: F401
 from grandrounds.store.policy_memory import register_part
 
-# Evo-MedAgent's rules, episodes and tool records are folded by the common MemoryState; the
-# memory-free baseline keeps none.
+# Evo-MedAgent's rules, episodes and tool records are folded by the common MemoryState, and so are the
+# episodes of the nearest-precedent baseline; the memory-free baseline keeps none.
 register_part("evo-medagent", None)
+register_part("precedent", None)
 register_part("none", None)
