@@ -20,6 +20,8 @@ class BackboneChoice:
     """Agent-loop settings that differ from the defaults; they go into the run spec."""
     actions: dict | None = None
     """How agent turns are decoded and the json_schema probe's verdict; goes into the run spec."""
+    requested_actions: str | None = None
+    """`--actions` as asked (auto|schema|text), settled by `settle_actions` after the preflight."""
 
 
 def choose_backbone(backbone: str | None, model: str | None, base_url: str | None,
@@ -49,8 +51,17 @@ def choose_backbone(backbone: str | None, model: str | None, base_url: str | Non
         return BackboneChoice("openai", model, note, opts, record_from, agent)
     if not model:
         raise BackboneUnavailable("the openai backbone needs --model")
-    return BackboneChoice("openai", model, note, opts, agent=agent,
-                          actions=choose_actions(actions, model, base_url, timeout))
+    return BackboneChoice("openai", model, note, opts, agent=agent, requested_actions=actions)
+
+
+def settle_actions(choice: BackboneChoice, base_url: str | None, timeout: float) -> dict[str, str] | None:
+    """The run's action decoding for a live openai run (after the preflight): `choose_actions` on what
+    was asked; None for sim and record runs (a record run takes the recorded run's)."""
+    requested = choice.requested_actions
+    if choice.name != "openai" or choice.record_from or requested is None:
+        return choice.actions
+    choice.actions = choose_actions(requested, choice.model, base_url, timeout)
+    return choice.actions
 
 
 def choose_actions(requested: str, model: str, base_url: str | None, timeout: float) -> dict[str, str]:

@@ -99,7 +99,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
     from grandrounds.handlers.runs import RunSpec
     from grandrounds.handlers.tools import parse_tool_spec
 
-    from grandrounds.backbone_choice import attach_record, choose_backbone
+    from grandrounds.backbone_choice import attach_record, choose_backbone, settle_actions
     from grandrounds.handlers.environments.medagentbench.run import looks_like_task_file, mab_options_given, prepare_medagentbench
 
     from grandrounds.store.dbfile import db_file
@@ -151,8 +151,10 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
             name, r = parse_tool_spec(spec)
             tools[name] = r
         run_spec = RunSpec(policy=pol, backbone=backbone, model=choice.model, seed=seed, lag=lag, tools=tools,
-                           source=source, agent=choice.agent, actions=choice.actions if env == "cases" else None)
+                           source=source, agent=choice.agent)
         if broker != "memory":  # Kafka transport: submit, wait on the changelog, summarise
+            if env == "cases":
+                run_spec = run_spec.model_copy(update={"actions": settle_actions(choice, base_url, timeout)})
             if memory_from:
                 raise ValueError("--memory-from runs on the embedded runner only (omit --broker)")
             from grandrounds.cli_kafka import run_on_kafka
@@ -170,6 +172,11 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
 
     if backbone == "openai" and (not choice.record_from or live_fallthrough):
         _preflight(base_url, choice.model, as_json)  # before anything is opened or written
+        if env == "cases":  # probe json_schema once (after the preflight), record the verdict in run.started
+            try:
+                run_spec = run_spec.model_copy(update={"actions": settle_actions(choice, base_url, timeout)})
+            except BAD_INPUT as exc:
+                fail(str(exc), 2, as_json)
     if not os.path.exists(db_path):
         discard_on_bad_input(db_path)  # a run that ends in exit 2 leaves no new file behind
     try:
