@@ -27,6 +27,9 @@ class EventWriter:
         self.projection = projection
         self.committed_seq = projection.seq
         self.pending: list[NewEvent] = []
+        self.deidentifier = None
+        """`handlers.deidentify.Deidentifier`: memory events lose their case's identifiers before
+        the projection (and so any later retrieval) sees them. Set by `RunContext`."""
 
     @property
     def next_seq(self) -> int:
@@ -35,6 +38,10 @@ class EventWriter:
     def emit(self, payload: EventPayload, case_id: str | None = None, causation_seq: int | None = None,
              meta: dict[str, Any] | None = None) -> int:
         seq = self.next_seq
+        if self.deidentifier is not None:
+            self.deidentifier.observe(payload, case_id)
+            if payload.carries_memory:
+                payload = self.deidentifier.scrub(payload, case_id)
         self.pending.append(NewEvent(payload, case_id, causation_seq, meta or {}))
         self.projection.apply(seq, payload)
         return seq
@@ -69,3 +76,12 @@ class RunContext:
         from grandrounds.handlers.policies.registry import make_mechanism
 
         self.mechanism = make_mechanism(self.policy)
+        if self.writer.deidentifier is None:
+            from grandrounds.handlers.deidentify import Deidentifier
+
+            self.writer.deidentifier = Deidentifier(self.writer.store, self.run_id, self._patient_directory)
+
+    def _patient_directory(self):
+        """The environment's patient lookup (MRN -> FHIR Patient), read when first needed: the
+        composition root sets `environment` after the context is built."""
+        return getattr(self.environment, "patient", None)

@@ -52,6 +52,22 @@ class MedAgentBenchEnvironment:
         self.client = FhirClient()
         with open(record.funcs.path, encoding="utf-8") as f:
             self.functions_json = json.dumps(json.load(f))  # as the official harness shows them
+        self._patients: dict[str, dict] | None = None
+
+    def patient(self, mrn: str) -> dict | None:
+        """The snapshot's Patient resource of an MRN (None without a snapshot): the structured identifiers
+        memory written from that patient's case is de-identified of (`handlers/deidentify.py`)."""
+        if self._patients is None:
+            if self.record.patients is None:
+                return None
+            self._patients = {}
+            with open(self.record.patients.path, encoding="utf-8") as f:
+                resources = json.load(f)  # the snapshot: a JSON list of Patient resources
+            for p in resources:
+                self._patients[p.get("id")] = p
+                for ident in p.get("identifier", []) or []:
+                    self._patients.setdefault(ident.get("value"), p)
+        return self._patients.get(mrn)
 
     # -- act ----------------------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ this checker before it can be stored; a skill that fails is recorded as
 little recall, a stored identifier pollutes every later retrieval that matches it.
 
 Categories: identifiers (MRNs, patient/encounter ids, FHIR resource references, UUIDs),
-person names (honorific + name, "named X", common first name + surname), URLs and hosts,
+person names (honorific + name, "named X", common first name + surname), URLs and hosts, e-mail
+addresses, phone numbers,
 calendar dates and timestamps, and instance numbers (long digit strings, and numbers that
 appear verbatim in the instance the skill was distilled from).
 """
@@ -26,6 +27,7 @@ _FHIR_RESOURCES = ("Patient|Observation|MedicationRequest|ServiceRequest|Encount
 
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("url", re.compile(r"\b(?:https?|ftp)://\S+", re.I)),
+    ("email", re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")),
     ("url", re.compile(r"\bwww\.\S+", re.I)),
     ("url", re.compile(r"\b(?:localhost|\d{1,3}(?:\.\d{1,3}){3})(?::\d+)?(?:/\S*)?", re.I)),
     ("url", re.compile(r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|gov|edu|io|nhs\.uk|health)(?:/\S*)?\b", re.I)),
@@ -36,6 +38,8 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("identifier", re.compile(r"\b[A-Z]{1,3}\d{5,}\b")),
     ("identifier", re.compile(r"\b(?:patient|subject|encounter|order|record|visit|account|specimen|case)"
                               r"[ _-]?(?:id|identifier|no\.?|number|#)\s*[:=#]?\s*[A-Za-z]*\d[\w-]*", re.I)),
+    # Phone numbers (060-415-5872, (555) 123-4567, +1 555 123 4567): before dates and instance numbers.
+    ("phone", re.compile(r"(?<![\w-])(?:\+\d{1,3}[ .-]?)?(?:\(\d{3}\)\s?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w-])")),
     ("name", re.compile(r"\b(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof)\.?\s+[A-Z][a-z'-]+")),
     ("name", re.compile(r"\b(?:named|called|name\s*[:=]|name is)\s+[A-Z][a-z'-]+")),
     ("date", re.compile(r"\b\d{4}-\d{1,2}-\d{1,2}(?:[T ]\d{1,2}:\d{2}(?::\d{2})?\S*)?")),

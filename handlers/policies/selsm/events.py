@@ -91,7 +91,7 @@ class TrajectoryJudged(EventPayload):
 
 
 class EntityViolation(_Part):
-    category: Literal["identifier", "name", "url", "date", "instance-number"]
+    category: Literal["identifier", "name", "url", "date", "instance-number", "email", "phone"]
     match: str
     """The offending text span."""
 
