@@ -82,7 +82,11 @@ class _Encoder:
         if isinstance(x, tuple) and type(x) is tuple:
             return {"$t": [self.enc(v) for v in x]}
         if isinstance(x, (set, frozenset)):
-            return {"$s" if isinstance(x, set) else "$fs": [self.enc(v) for v in x]}
+            try:  # sorted where it can be: a set's iteration order depends on its history, its bytes should not
+                items = sorted(x)
+            except TypeError:
+                items = list(x)
+            return {"$s" if isinstance(x, set) else "$fs": [self.enc(v) for v in items]}
         # Mutable or identity-bearing values: a second reference to the same object stays shared.
         ref = self.memo.get(id(x))
         if ref is not None:
@@ -93,9 +97,16 @@ class _Encoder:
         return {"$id": n, **self._shared(x)}
 
     def _shared(self, x: Any) -> dict:
+        # Fast paths (most of a projection is lists of strings and str-keyed dicts): plain values go
+        # into the JSON as they are, without a call per element.
         if type(x) is list:
-            return {"$l": [self.enc(v) for v in x]}
+            return {"$l": x if _plain(x) else [self.enc(v) for v in x]}
         if type(x) is dict:
+            if all(type(k) is str for k in x):
+                values = x.values()
+                return {"$ds": x if _plain(values) else {k: self.enc(v) for k, v in x.items()}}
+            if _plain(x) and _plain(x.values()):
+                return {"$dp": [list(x), list(x.values())]}
             return {"$d": [[self.enc(k), self.enc(v)] for k, v in x.items()]}
         if isinstance(x, np.ndarray):
             return self.array(x)
@@ -107,9 +118,24 @@ class _Encoder:
             return {"$m": name, "v": x.model_dump(mode="json")}
         if hasattr(x, "__dict__") and not hasattr(cls, "__slots__"):
             _allowed_class(cls)
-            state = {k: v for k, v in vars(x).items() if k not in getattr(cls, "_checkpoint_skip", ())}
-            return {"$o": name, "v": self.enc(state)}
+            skip = getattr(cls, "_checkpoint_skip", ())
+            return {"$o": name, "a": {k: self.enc(v) for k, v in vars(x).items() if k not in skip}}
         raise CheckpointFormatError(f"{cls.__module__}.{cls.__qualname__} cannot go into a checkpoint")
+
+
+_PLAIN_TYPES = (str, int, bool, type(None))
+
+
+def _plain(values) -> bool:
+    """Whether every value goes into JSON as itself (no tag, no sharing to keep)."""
+    for v in values:
+        t = type(v)
+        if t in _PLAIN_TYPES:
+            continue
+        if t is float and math.isfinite(v):
+            continue
+        return False
+    return True
 
 
 def encode(value: Any) -> bytes:
@@ -223,7 +249,23 @@ class _Decoder:
 
     def _shared(self, x: dict) -> Any:
         if "$l" in x:
-            return [self.dec(v) for v in self._list(x["$l"])]
+            items = self._list(x["$l"])
+            return list(items) if _untagged(items) else [self.dec(v) for v in items]
+        if "$ds" in x:
+            d = x["$ds"]
+            if not isinstance(d, dict):
+                raise CheckpointFormatError("bad dict")
+            return dict(d) if _untagged(d.values()) else {k: self.dec(v) for k, v in d.items()}
+        if "$dp" in x:
+            pair = x["$dp"]
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], list)
+                    and isinstance(pair[1], list) and len(pair[0]) == len(pair[1])
+                    and _untagged(pair[0]) and _untagged(pair[1])):
+                raise CheckpointFormatError("bad dict")
+            try:
+                return dict(zip(pair[0], pair[1]))
+            except TypeError:
+                raise CheckpointFormatError("bad dict key") from None
         if "$d" in x:
             out = {}
             for pair in self._list(x["$d"]):
@@ -244,14 +286,23 @@ class _Decoder:
             cls = _resolve(x["$o"])
             if issubclass(cls, BaseModel):
                 raise CheckpointFormatError(f"{x['$o']} is a model")
-            state = self.dec(x["v"])
-            if not isinstance(state, dict) or not all(isinstance(k, str) and k.isidentifier() for k in state):
+            attrs = x.get("a")
+            if not isinstance(attrs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in attrs):
                 raise CheckpointFormatError(f"bad attributes for {x['$o']}")
+            state = {k: self.dec(v) for k, v in attrs.items()}
             obj = object.__new__(cls)
             for k, v in state.items():
                 object.__setattr__(obj, k, v)  # frozen dataclasses too; no method of the class runs
             return obj
         raise CheckpointFormatError("unknown tag")
+
+
+def _untagged(values) -> bool:
+    """JSON scalars only: nothing in them to decode."""
+    for v in values:
+        if isinstance(v, (dict, list)):
+            return False
+    return True
 
 
 def decode(blob: bytes) -> Any:
