@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
@@ -52,6 +52,7 @@ from grandrounds.store.eventstore import ConsumedOffset, EventStore
 from grandrounds.store.events import NewEvent, StoredEvent
 from grandrounds.store.projection import Checkpoint, checkpoint_of, save_checkpoint, write_checkpoint
 from grandrounds.streams.changelog import changelog_consumer, import_partitions
+from grandrounds.streams.latency import LatencyHistogram
 from grandrounds.streams.messages import CaseMessage, DeadLetter, RunStart, StageCommand
 from grandrounds.streams.offsets import PartitionOffsets
 from grandrounds.streams.topics import Topics, partition_for
@@ -111,29 +112,30 @@ class WorkerStats:
     kicks: int = 0
     assignments: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     revocations: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    service_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    service_ms: dict[str, LatencyHistogram] = field(default_factory=lambda: defaultdict(LatencyHistogram))
     """Per stage: from the start of processing to the DuckDB commit (the stage, the changelog ack, and
     the grouped commit, which the run itself does not wait for)."""
-    hop_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    hop_ms: dict[str, LatencyHistogram] = field(default_factory=lambda: defaultdict(LatencyHistogram))
     """Per stage: from the command's produce timestamp to the start of its processing (for a command
     delivered on its produce ack: that round trip)."""
     step_log: list[tuple[str, int, str]] = field(default_factory=list)
     """(run, case index, stage) of every stage executed, in order (tests check for repeats)."""
-    restore_seconds: list[float] = field(default_factory=list)
+    restore_seconds: deque = field(default_factory=lambda: deque(maxlen=64))
+    """The last 64 takeovers' restore times (s)."""
 
     def latency(self) -> dict:
-        """Per stage: service and hop time percentiles (ms)."""
-        def pct(xs: list[float], q: float) -> float | None:
-            if not xs:
-                return None
-            ys = sorted(xs)
-            return round(ys[min(len(ys) - 1, int(q * len(ys)))], 2)
+        """Per stage: service and hop time percentiles (ms), from bounded histograms (within 5 %)."""
+        empty = LatencyHistogram()
 
-        return {stage: {"n": len(self.service_ms.get(stage, [])),
-                        "service_p50": pct(self.service_ms.get(stage, []), 0.50),
-                        "service_p99": pct(self.service_ms.get(stage, []), 0.99),
-                        "hop_p50": pct(self.hop_ms.get(stage, []), 0.50),
-                        "hop_p99": pct(self.hop_ms.get(stage, []), 0.99)}
+        def pct(h: LatencyHistogram, q: float) -> float | None:
+            v = h.quantile(q)
+            return None if v is None else round(v, 2)
+
+        return {stage: {"n": len(self.service_ms.get(stage, empty)),
+                        "service_p50": pct(self.service_ms.get(stage, empty), 0.50),
+                        "service_p99": pct(self.service_ms.get(stage, empty), 0.99),
+                        "hop_p50": pct(self.hop_ms.get(stage, empty), 0.50),
+                        "hop_p99": pct(self.hop_ms.get(stage, empty), 0.99)}
                 for stage in STAGES}
 
     def as_dict(self) -> dict:
@@ -432,7 +434,7 @@ class Committer:
         if step.dropped:
             return
         w.stats.processed[step.stage] += 1
-        w.stats.service_ms[step.stage].append((time.monotonic() - step.started) * 1000)
+        w.stats.service_ms[step.stage].add((time.monotonic() - step.started) * 1000)
         if step.stage == "govern":
             w.stats.cases_completed += 1
         w.finished(step.d)
@@ -638,7 +640,7 @@ class KafkaWorker:
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - a failed commit is retried next round
-                log.debug("offset commit failed", exc_info=True)
+                log.warning("offset commit failed", exc_info=True)
 
     async def commit_all(self, only: set[tuple[str, int]] | None = None) -> None:
         for stage, consumer in list(self.consumers.items()):
@@ -655,7 +657,7 @@ class KafkaWorker:
             try:
                 await consumer.commit(offsets)
             except Exception as exc:  # noqa: BLE001 - rebalancing, or no longer assigned
-                log.debug("commit %s failed: %s", offsets, exc)
+                log.warning("offset commit %s failed: %s", offsets, exc)
                 continue
             for tp, mark in offsets.items():
                 tracker = self.offsets.get((tp.topic, tp.partition))
@@ -703,7 +705,7 @@ class KafkaWorker:
         try:
             await asyncio.wait_for(self.commit_all({(topic, p) for p in parts}), 5.0)
         except Exception:  # noqa: BLE001 - the next owner resumes from what DuckDB or the group has
-            log.debug("commit on revoke failed", exc_info=True)
+            log.warning("offset commit on revoke failed", exc_info=True)
         for p in parts:
             self.offsets.pop((topic, p), None)
             self.paused.discard((topic, p))
@@ -814,7 +816,7 @@ class KafkaWorker:
         try:
             await self.commit_all()
         except Exception:  # noqa: BLE001
-            log.debug("final commit failed", exc_info=True)
+            log.warning("final offset commit failed", exc_info=True)
         if self._group_committer is not None:
             self._group_committer.cancel()
             self._group_committer = None
@@ -1018,9 +1020,9 @@ class RunActor:
         w = self.worker
         started = time.monotonic()
         if d.own:
-            w.stats.hop_ms[d.stage].append((started - d.received) * 1000)
+            w.stats.hop_ms[d.stage].add((started - d.received) * 1000)
         elif d.timestamp_ms:
-            w.stats.hop_ms[d.stage].append(max(0.0, time.time() * 1000 - d.timestamp_ms))  # determinism-ok: stats
+            w.stats.hop_ms[d.stage].add(max(0.0, time.time() * 1000 - d.timestamp_ms))  # determinism-ok: stats
         if isinstance(d.body, RunStart):
             await self._open(d)
             return
