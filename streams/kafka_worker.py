@@ -975,7 +975,14 @@ class RunActor:
             d = ready.pop(0)
             if not ready:
                 del self.waiting[nxt]
-            await self._process(d)
+            try:
+                await self._process(d)
+            except asyncio.CancelledError:
+                # Cancelled mid-step (a revoke that waited too long): EventWriter.emit already applied the
+                # step's events to the projection, so the in-memory state must not outlive them. The
+                # message, not marked done, comes again from the broker to whoever owns it.
+                self._reset()
+                raise
             if self.uncommitted > self.max_uncommitted:
                 await w.committer.settle([self])
             elif d.own:

@@ -203,3 +203,32 @@ async def test_a_message_taken_up_ahead_of_its_ack_is_done_once_its_offset_is_kn
         assert tracker.pending == 0 and tracker.watermark() == 1
     finally:
         w.committer.close()
+
+
+async def test_a_step_cancelled_by_a_revoke_drops_the_run_s_in_memory_state():
+    """EventWriter.emit applies a stage's events to the projection as it goes: a step cancelled half way
+    (a revoke past its timeout) must leave the run to be reopened from the log, not from that projection."""
+    from grandrounds.streams.kafka_worker import RunActor
+
+    w = KafkaWorker(None, None, bootstrap="127.0.0.1:9", topics=Topics("t."), group_id="g", worker_id="w",
+                    partitions=1)
+    try:
+        actor = RunActor(w, "r", 0)
+        actor.loaded, actor.ctx = True, object()  # a run whose projection saw part of a step
+        started = asyncio.Event()
+
+        async def half_a_step(d):
+            started.set()
+            await asyncio.sleep(3600)
+
+        actor._process = half_a_step
+        actor.next_key = lambda: (0, 1)
+        actor.deliver(Delivery("act", None, "t.act", 0, 5, 0, 0.0, (0, 1)))
+        await started.wait()
+        generation = actor.generation
+        actor.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await actor.task
+        assert actor.ctx is None and not actor.loaded and actor.generation == generation + 1
+    finally:
+        w.committer.close()
