@@ -1,6 +1,8 @@
 """Write the golden logs: short runs of each policy (sim backbone) exported to tests/golden/*.jsonl.
 
     python scripts/golden_logs.py          # (re)write every golden log
+    python scripts/golden_logs.py none     # only these (meta holds wall-clock times: rewriting a log
+                                           # changes its file even when its events are the same)
 
 tests/test_golden_logs.py imports each log into a fresh store and re-executes it with this build: the
 fingerprint must be identical. A change that alters event bytes fails that test; regenerating the logs
@@ -28,6 +30,7 @@ RUNS = {
     "skemex": ["--policy", "skemex"],
     "selsm": ["--policy", "selsm"],
     "retrosum": ["--policy", "retrosum"],
+    "precedent": ["--policy", "precedent"],
     "none": ["--policy", "none"],
 }
 
@@ -38,13 +41,19 @@ def _grandrounds(*args: str) -> dict:
     return json.loads(out.stdout)
 
 
-def main() -> int:
+def main(names: list[str]) -> int:
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown:
+        print(f"unknown golden runs {unknown} (known: {', '.join(RUNS)})", file=sys.stderr)
+        return 2
     GOLDEN.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         cases = Path(tmp) / "cases.jsonl"
         cases.write_text("".join(CASES.read_text(encoding="utf-8").splitlines(keepends=True)[:N_CASES]))
         db = str(Path(tmp) / "golden.duckdb")
         for name, extra in RUNS.items():
+            if names and name not in names:
+                continue
             run_id = f"golden-{name}"
             summary = _grandrounds("run", str(cases), "--db", db, "--run-id", run_id, "--backbone", "sim", *extra)
             target = GOLDEN / f"{name}.jsonl"
@@ -56,4 +65,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -22,7 +22,7 @@ LOGS = sorted(GOLDEN.glob("*.jsonl"))
 
 def test_there_is_a_golden_log_per_policy():
     names = {p.stem for p in LOGS}
-    assert {"evo-medagent", "evo-medagent-tools", "skemex", "selsm", "retrosum", "none"} <= names
+    assert {"evo-medagent", "evo-medagent-tools", "skemex", "selsm", "retrosum", "precedent", "none"} <= names
 
 
 @pytest.mark.slow  # a few seconds per log on an idle machine (MiniLM embeds each case)
