@@ -52,10 +52,11 @@ def store() -> EventStore:
     s.close()
 
 
-def run_in(store: EventStore, cases, spec: RunSpec, run_id: str = "r", commit: str = "case"):
-    """Run cases through the embedded runner; returns the run context."""
+def run_in(store: EventStore, cases, spec: RunSpec, run_id: str = "r", commit: str = "case", declare: bool = False):
+    """Run cases through the embedded runner; returns the run context. `declare`: the run declares its case
+    count in run.started and ends with run.completed, as `grandrounds run` does (so `verify` calls it complete)."""
     cache = EmbeddingCache(shared_minilm(), store.conn)
-    ctx, _ = open_run(store, run_id, spec, cache)
+    ctx, _ = open_run(store, run_id, spec, cache, cases=len(cases) if declare else None)
     asyncio.run(EmbeddedRunner(ctx, commit=commit).run(cases))
     cache.flush()
     return ctx

@@ -160,8 +160,8 @@ def example_db(tmp_path_factory):
     db = tmp_path_factory.mktemp("retrosum") / "runs.duckdb"
     cases = load_cases(EXAMPLES)[0]
     with EventStore(db) as store:
-        ctx = run_in(store, cases, RunSpec(policy=RetroSumPolicy(), seed=0), "rs")
-        run_in(store, cases, RunSpec(policy=NoMemoryPolicy(), seed=0), "none")
+        ctx = run_in(store, cases, RunSpec(policy=RetroSumPolicy(), seed=0), "rs", declare=True)
+        run_in(store, cases, RunSpec(policy=NoMemoryPolicy(), seed=0), "none", declare=True)
         counts = ctx.projection.state.counts()
     return db, cases, counts
 
