@@ -93,7 +93,8 @@ async def probe_json_schema(transport, model: str) -> str:
     `unreachable`. Not an exchange of any case: its result is recorded in `run.started`."""
     from grandrounds.handlers.llm.transport import Call, TransportFailure
 
-    params = {"temperature": 0.0, "max_tokens": 16, "response_format": response_format(PROBE_SCHEMA, "Probe")}
+    # 64 tokens: llama.cpp's grammar lets the model indent the object; 16 cut it before the closing quote
+    params = {"temperature": 0.0, "max_tokens": 64, "response_format": response_format(PROBE_SCHEMA, "Probe")}
     call = Call("probe", model, PROBE_MESSAGES, params, 1, "", "probe", "json-schema-probe")
     try:
         reply = await transport.send(call)
