@@ -117,8 +117,9 @@ def test_prompts_of_a_model_run_carry_no_other_patients_identifiers(patients, tm
     prompt (`llm.exchange`) of each is searched for the others' identifiers."""
     db = tmp_path / "model.duckdb"
     with FhirFake() as fake:
-        code, out = run_fhir(MAB_TASKS, db, "--backbone", "openai", "--model", "fake", "--base-url", fake.base_url,
-                             "--task-type", "1", "--limit", "6", env={"OPENAI_API_KEY": SECRET})
+        code, out = run_fhir(MAB_TASKS, db, "--protocol", "react", "--backbone", "openai", "--model", "fake",
+                             "--base-url", fake.base_url, "--task-type", "1", "--limit", "6",
+                             env={"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""})
     assert code == 0, out
     with EventStore(str(db), read_only=True) as s:
         assert any(e.type == "llm.exchange" for e in s.read(out["run_id"]))
