@@ -166,9 +166,8 @@ def main() -> int:
             common += ["--max-steps", a.max_steps]
         rows: list[dict] = []
         for policy in a.policies.split(","):
-            for mode in a.modes.split(","):
-                if policy == "none" and mode == "frozen":
-                    continue  # no memory to freeze: the online run is the baseline for both
+            # `none` has no memory to freeze: its one (online) run is the baseline for both modes
+            for mode in (["online"] if policy == "none" else a.modes.split(",")):
                 rows += run_policy(policy, mode, train, test, common, db)
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
         print("\nQwen2.5-Coder-1.5B-Instruct (a 1.5 B coder model) at temperature 0: exercises the real path; "
