@@ -18,8 +18,9 @@ import shutil
 import subprocess
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "cases.jsonl"
 N_CASES = 40
 TOOLS = {"ddx-lookup": 0.85}
+SHORTER_RUNS = (2, 3, 4, 6)
+"""Case counts of the shorter Kafka test runs: their embedded references are made up front."""
 
 
 def _skip_reason() -> str | None:
@@ -64,6 +67,8 @@ class WarmStore:
     """RunSpec of every Kafka test run (lag 0)."""
     reference: dict
     """lag → the embedded runner's summary for (cases, spec with that lag)."""
+    _shorter: dict = field(default_factory=dict)
+    """(cases, lag) → fingerprint of the embedded run of the first `cases` cases."""
 
     def spec_with(self, **update):
         return self.spec.model_copy(update=update)
@@ -74,13 +79,31 @@ class WarmStore:
         return path
 
     def fingerprint_upto(self, cases: int, lag: int = 0) -> str:
-        """The reference run's fingerprint after its first `cases` cases (a shorter run's whole log)."""
+        """The embedded runner's fingerprint for a run of the first `cases` cases.
+
+        Not a prefix of the full reference run: `run.started` declares the run's case count and
+        `run.completed` follows its last case, so a shorter run is its own embedded run (made once
+        per (cases, lag), in a copy of the warm file so the embedding cache is reused)."""
+        from grandrounds.app import run_cases
         from grandrounds.store.eventstore import EventStore
 
-        with EventStore(self.db, read_only=True) as store:
-            run = self.reference[lag]["run_id"]
-            seqs = [e.seq for e in store.iter(run, types=["case.completed"])]
-            return store.fingerprint(run, upto_seq=seqs[cases - 1])
+        if cases == len(self.cases):
+            return self.reference[lag]["fingerprint"]
+        key = (cases, lag)
+        if key not in self._shorter:
+            refs = self.db.with_name("shorter-refs.duckdb")
+            if not refs.exists():
+                shutil.copyfile(self.db, refs)
+
+            def embedded() -> str:
+                with EventStore(refs) as store:
+                    return run_cases(store, self.cases[:cases], self.spec_with(lag=lag),
+                                     run_id=f"reference-lag{lag}-n{cases}").summary["fingerprint"]
+
+            # A thread of its own: async tests call this inside their running event loop.
+            with ThreadPoolExecutor(1) as pool:
+                self._shorter[key] = pool.submit(embedded).result()
+        return self._shorter[key]
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +127,12 @@ def kafka_warm(tmp_path_factory) -> WarmStore:
         for lag in (0, 1):
             outcome = run_cases(store, cases, spec.model_copy(update={"lag": lag}), run_id=f"reference-lag{lag}")
             reference[lag] = outcome.summary
-    return WarmStore(db, cases_file, cases, spec, reference)
+    warm = WarmStore(db, cases_file, cases, spec, reference)
+    # The shorter runs the tests compare with, made now: a test that patches the backbone must not
+    # see these reference cases go through its patch.
+    for n in SHORTER_RUNS:
+        warm.fingerprint_upto(n)
+    return warm
 
 
 def unique_prefix() -> str:
