@@ -61,6 +61,7 @@ def run_on_kafka(cases, spec, *, broker: str, db: str, run_id: str | None, note:
     from grandrounds.app import unique_run_id
     from grandrounds.cli_group import progress as _progress
     from grandrounds.handlers.backbones import make_backbone
+    from grandrounds.handlers.runs import check_same_run
     from grandrounds.replay.metrics import run_summary
     from grandrounds.store.dbfile import db_file
     from grandrounds.store.eventstore import EventStore, StoreError
@@ -79,6 +80,12 @@ def run_on_kafka(cases, spec, *, broker: str, db: str, run_id: str | None, note:
     try:
         with EventStore(db_file(db)) as store:
             rid = run_id or unique_run_id(store, spec.default_run_id(), spec)
+            asked = spec.started_event("", len(cases))
+            # Like the embedded runner: a run id that names a run of another configuration is
+            # refused (exit 2), here before submitting, and again once the worker's events arrive
+            # (the worker's file may hold a run this file has never seen).
+            if (first := store.read(rid, upto_seq=0)):
+                check_same_run(first[0].decode(), asked, rid, same_embedder=False)
             bar = _progress(len(cases), as_json)
             try:
                 submitted = asyncio.run(submit_run(bootstrap, rid, spec, cases, topics=topics))
@@ -86,10 +93,13 @@ def run_on_kafka(cases, spec, *, broker: str, db: str, run_id: str | None, note:
                                        on_case=bar.update))
             finally:
                 bar.close()
+            check_same_run(store.read(rid, upto_seq=0)[0].decode(), asked, rid, same_embedder=False)
             summary = run_summary(store, rid, _fold_state(store, rid))
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
-    except (StoreError, RunFailed, TimeoutError) as exc:
+    except RunFailed as exc:
+        fail(str(exc), 2 if exc.reason == "rejected" else 1, as_json)
+    except (StoreError, TimeoutError) as exc:
         fail(str(exc), 1, as_json)
     except Exception as exc:  # noqa: BLE001 - e.g. the broker is unreachable
         fail(f"Kafka at {bootstrap}: {exc!r}", 1, as_json)

@@ -96,6 +96,21 @@ def declared_cases(store: EventStore, run_id: str) -> int | None:
     return started.cases
 
 
+def check_same_run(recorded: RunStarted, started: RunStarted, run_id: str, *, same_embedder: bool = True) -> None:
+    """Raise RunMismatch unless `started` asks for the run `recorded` began (the case count only
+    where both declare one). `same_embedder=False`: a client that does not load the embedder
+    (run --broker) leaves that field to the worker."""
+    if started.cases is not None and recorded.cases is not None and recorded.cases != started.cases:
+        raise RunMismatch(f"run {run_id!r} was started with {recorded.cases} cases, not {started.cases}; "
+                          "resume it with the same cases, or choose another --run-id")
+    update = {"cases": recorded.cases} if same_embedder else {"cases": recorded.cases, "embedder": recorded.embedder}
+    if recorded != started.model_copy(update=update):
+        raise RunMismatch(
+            f"run {run_id!r} already exists with a different configuration: {spec_difference(recorded, started)}; "
+            "choose another --run-id"
+        )
+
+
 def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCache,
              seeded: MemorySeeded | None = None, started_meta: dict[str, Any] | None = None,
              cases: int | None = None, **backbone_opts) -> tuple[RunContext, str]:
@@ -114,15 +129,7 @@ def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCach
     proj = opened.projection
     started = spec.started_event(cache.embedder.name, cases)
     if proj.seq >= 0:
-        recorded = store.read(run_id, upto_seq=0)[0].decode()
-        if cases is not None and recorded.cases is not None and recorded.cases != cases:
-            raise RunMismatch(f"run {run_id!r} was started with {recorded.cases} cases, not {cases}; "
-                              "resume it with the same cases, or choose another --run-id")
-        if recorded != started.model_copy(update={"cases": recorded.cases}):
-            raise RunMismatch(
-                f"run {run_id!r} already exists with a different configuration: {spec_difference(recorded, started)}; "
-                "choose another --run-id"
-            )
+        check_same_run(store.read(run_id, upto_seq=0)[0].decode(), started, run_id)
     # The backbone is built before anything is written: one that cannot be built (no API key, say)
     # is bad input, and a refused command writes nothing.
     actions = {"actions": spec.actions["mode"]} if spec.actions else {}

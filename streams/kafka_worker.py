@@ -45,7 +45,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.pipeline import STAGES, CaseProgress, case_progress, next_stage, run_stage
-from grandrounds.handlers.runs import RunMismatch, open_run, read_spec
+from grandrounds.handlers.runs import RunMismatch, open_run, read_spec, spec_difference
 from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.eventstore import ConsumedOffset, EventStore
@@ -995,8 +995,11 @@ class RunActor:
             self.expected_cases = d.body.cases
             recorded = read_spec(w.store, self.run_id)
             if recorded is not None and recorded != d.body.spec:
+                asked = d.body.spec.started_event("", d.body.cases)
+                first = w.store.read(self.run_id, upto_seq=0)[0].decode()
                 await self._fail(d, "rejected", f"run {self.run_id!r} already exists with a different "
-                                 "configuration; choose another run id")
+                                 f"configuration: {spec_difference(first, asked.model_copy(update={'embedder': first.embedder}))}; "
+                                 "choose another run id")
                 return
         w.stats.skipped += 1
         w.finished(d)

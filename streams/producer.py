@@ -33,6 +33,12 @@ log = logging.getLogger("grandrounds.kafka")
 class RunFailed(RuntimeError):
     """A dead letter reports that the worker rejected or could not process part of the run."""
 
+    def __init__(self, message: str, reason: str = "failed"):
+        super().__init__(message)
+        self.reason = reason
+        """The dead letter's reason: `rejected` is a run the worker refused to open (a run id
+        that names a run of another configuration): bad input, like the embedded runner's."""
+
 
 @dataclass
 class Submitted:
@@ -103,7 +109,7 @@ async def follow_run(bootstrap: str, submitted: Submitted, store: EventStore, to
                         if rec.key is not None and rec.key.decode("utf-8", "replace") == run_id:
                             letter = DeadLetter.model_validate_json(rec.value)
                             raise RunFailed(f"run {run_id}: {letter.reason} message on {letter.source_topic}: "
-                                            f"{letter.error}")
+                                            f"{letter.error}", reason=letter.reason)
                         continue
                     span = batch_span(rec.headers)
                     if span is not None and span[0] != run_id:

@@ -36,6 +36,16 @@ def test_cli_run_over_kafka_equals_embedded(kafka_broker, kafka_warm, tmp_path):
         assert (out["accuracy"], out["cases"], out["events"]) == (ref["accuracy"], ref["cases"], ref["events"])
         assert out["memory"] == ref["memory"]
 
+        # The same run id with another configuration is refused like the embedded runner does
+        # (exit 2, naming the field), never answered with the old run's result: from the file
+        # that followed the first run, and from a new file (the worker's file holds the run).
+        for client in ("client.duckdb", "other-client.duckdb"):
+            again = grandrounds("run", str(kafka_warm.cases_file), "--broker", url, "--db", str(tmp_path / client),
+                                "--run-id", out["run_id"], "--seed", "3", "--sim-tool", "ddx-lookup=0.85", "--json",
+                                timeout=180)
+            assert again.returncode == 2, (client, again.stdout[-2000:], again.stderr[-2000:])
+            assert "seed recorded 0, asked 3" in json.loads(again.stdout)["error"]
+
         sub = grandrounds("submit", str(kafka_warm.cases_file), "--broker", url, "--run-id", "cli-submitted",
                           "--sim-tool", "ddx-lookup=0.85", "--json")
         assert sub.returncode == 0, sub.stderr
