@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 from click.testing import CliRunner
 
 from grandrounds.app import run_cases
 from grandrounds.cli import main
+from grandrounds.handlers.cases import load_cases
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
 from grandrounds.handlers.runs import RunSpec
 from grandrounds.replay.audit_history import history
@@ -17,6 +19,8 @@ from replay_fixtures import recorded_db, teaching_cases  # noqa: F401
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.projection import rebuild
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "cases.jsonl"
 
 
 def _audit(db, *args):
@@ -77,9 +81,10 @@ def test_history_of_a_rule_from_creation_to_retirement(recorded_db):
     # utility over time: one point per feedback on the rule, by the Evo-MedAgent formula
     cfg = EvoMedAgentPolicy()
     first = out["utility"][0]
-    # first used (not followed) by learn-1, case #2, which was answered correctly: N = 3 feedbacks so far
-    assert first["case_index"] == 2 and first["selected"] == 1 and first["helpful"] == 1
-    assert math.isclose(first["utility"], 1.0 + cfg.exploration_c * math.sqrt(math.log(3 + 1) / 2), abs_tol=1e-6)
+    # first shown to kd-2, case #3 (the relevance floor keeps it from the unrelated learn-1 before it),
+    # which it misled: N = 4 feedbacks so far, n = 1 selection, 0 helpful
+    assert first["case_index"] == 3 and first["selected"] == 1 and first["helpful"] == 0
+    assert math.isclose(first["utility"], 0.0 + cfg.exploration_c * math.sqrt(math.log(4 + 1) / 2), abs_tol=1e-6)
     assert len(out["utility"]) == sum(e["event"] == "feedback" for e in out["events"])
     assert out["summary"]["status"] == "retired"
     _, items = _audit(recorded_db, "items", "teach", "--kind", "rule", "--status", "retired")
@@ -90,10 +95,16 @@ def test_history_of_a_rule_from_creation_to_retirement(recorded_db):
 
 
 def test_history_shows_merges_episodes_and_tools(recorded_db, tmp_path):
-    with EventStore(recorded_db, read_only=True) as store:
+    # Without the relevance floors (the paper's retrieval, preset ablation `no-floors`) the example
+    # stream proposes a near-duplicate rule, which escalates the existing one: a merge in its history.
+    merges_db = tmp_path / "merges.duckdb"
+    with EventStore(merges_db) as store:
+        spec = RunSpec(policy=EvoMedAgentPolicy(rule_floor=0.0, episode_floor=-1.0))
+        run_cases(store, load_cases(EXAMPLES)[0][:40], spec, run_id="src",
+                  cache=EmbeddingCache(shared_minilm(), store.conn))
         merge = next(e for e in store.read("src", types=["rule.priority_changed"])
                      if e.payload["reason"].startswith("near-duplicate"))
-    _, out = _audit(recorded_db, "history", "src", merge.payload["rule_id"])
+    _, out = _audit(merges_db, "history", "src", merge.payload["rule_id"])
     merged = [e for e in out["events"] if e["event"] == "merged"]
     assert merged and merged[0]["seq"] == merge.seq and merged[0]["case_id"] == merge.case_id
     assert out["summary"]["merges"] >= 1
