@@ -158,7 +158,7 @@ def worker(broker, db, group, name, topic_prefix, partitions, replication_factor
     settings = WorkerSettings(bootstrap, db=db, group_id=group, name=name, prefix=topic_prefix,
                               partitions=partitions, replication_factor=replication_factor,
                               max_poll_interval_ms=max_poll_interval_ms, session_timeout_ms=session_timeout_ms,
-                              backbone_opts=opts, tune_gc=True)
+                              backbone_opts=opts, tune_gc=True, preload_embedder=True)
     app = KafkaWorkerApp(settings)
     # The worker's DuckDB commits run on a thread of their own; with the default 5 ms switch interval
     # the event loop (polling, acks, the stages) waits up to that long for the GIL each time it

@@ -75,6 +75,10 @@ class MiniLMEmbedder:
                     self.on_load(False)
             return self._model
 
+    def load(self) -> None:
+        """Load the weights now (a long-lived worker does it before it takes work)."""
+        self._load()
+
     def embed_one(self, text: str) -> np.ndarray:
         # Per-process memo: embedding is a pure function of the text at batch size 1.
         vec = self._memo.get(text)

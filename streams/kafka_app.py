@@ -85,6 +85,10 @@ class WorkerSettings:
     tune_gc: bool = False
     """After start-up, freeze what it loaded out of the garbage collector's way and collect less
     often (the `grandrounds worker` process; not a process that hosts other work, like tests)."""
+    preload_embedder: bool = False
+    """Load the embedding model during start-up, before the consumers join the group (the
+    `grandrounds worker` process). Loaded lazily instead, a cold load (seconds to tens of seconds)
+    blocks the event loop inside the first case, past the heartbeat: the group rebalances."""
 
 
 def worker_id_for(name: str | None) -> str:
@@ -278,6 +282,9 @@ class KafkaWorkerApp:
             self._store = EventStore(s.db)
         if self._cache is None:
             self._cache = EmbeddingCache(shared_minilm(), self._store.conn)
+        # on_startup hooks run before FastStream starts the subscribers: the group is joined later.
+        if s.preload_embedder and hasattr(self._cache.embedder, "load"):
+            await asyncio.to_thread(self._cache.embedder.load)
         partitions = await ensure_topics(s.bootstrap, self.topics, s.partitions, s.replication_factor)
         # The per-step produce (changelog batch + next command) goes through aiokafka directly: the
         # FastStream publishers stay the documented channels, but their per-message encoding and

@@ -232,3 +232,35 @@ async def test_a_step_cancelled_by_a_revoke_drops_the_run_s_in_memory_state():
         assert actor.ctx is None and not actor.loaded and actor.generation == generation + 1
     finally:
         w.committer.close()
+
+
+async def test_worker_loads_the_embedding_model_before_it_joins_its_group(tmp_path, monkeypatch):
+    """`grandrounds worker` loads MiniLM during start-up, before topics are ensured and the
+    consumers join: a cold load inside the first case would block the loop past the heartbeat."""
+    import grandrounds.streams.kafka_app as kafka_app
+
+    class Embedder:
+        name, dim, machine_cacheable, loaded = "fake", 4, False, False
+
+        def load(self):
+            self.loaded = True
+
+    class Joined(Exception):
+        pass
+
+    seen = []
+
+    async def ensure_topics(*args, **kwargs):  # the first broker contact of the start-up
+        seen.append(embedder.loaded)
+        raise Joined
+
+    embedder = Embedder()
+    monkeypatch.setattr(kafka_app, "shared_minilm", lambda: embedder)
+    monkeypatch.setattr(kafka_app, "ensure_topics", ensure_topics)
+    for preload in (False, True):
+        app = kafka_app.KafkaWorkerApp(kafka_app.WorkerSettings("127.0.0.1:1", db=str(tmp_path / f"w{preload}.duckdb"),
+                                                                 preload_embedder=preload))
+        with pytest.raises(Joined):
+            await app._startup()
+        app.store.close()
+    assert seen == [False, True]
