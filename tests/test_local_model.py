@@ -144,10 +144,14 @@ def test_mcq_text_protocol_answer_is_the_models_own_and_replays(local_model, tmp
     elif answer["source"] != "llm":  # read from untagged text: exactly what the alignment rules give
         assert answer["answer"] == fallback_alignment(reply["response"], options)[0]
     local_model.stop()
-    code, rec = _run(["run", str(cases), "--db", db, "--backbone", "record", "--record-from", "live"],
-                     {"OPENAI_BASE_URL": DEAD_URL})
+    # The record backend re-serves exchanges: the replay names the same policy as the live run.
+    code, rec = _run(["run", str(cases), "--db", db, "--policy", "none", "--backbone", "record",
+                      "--record-from", "live"], {"OPENAI_BASE_URL": DEAD_URL})
     assert code == 0, rec
     assert rec["fingerprint"] == live["fingerprint"]
+    # and `verify` re-executes the run from its own record, the server still stopped
+    code, ver = _run(["verify", "--db", db, "live"], {"OPENAI_BASE_URL": DEAD_URL})
+    assert code == 0 and ver["identical"] is True, ver
 
 
 @pytest.mark.local_model
