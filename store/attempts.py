@@ -36,7 +36,7 @@ def note_attempt(store, run_id: str, case_id: str | None, stage: str, row: dict[
     conn.execute("INSERT INTO llm_attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                  [run_id, case_id, stage, row.get("purpose"), row.get("request_hash"), row.get("attempt"),
                   row.get("kind"), row.get("error"), row.get("latency_ms"), row.get("wait_s"), row.get("served"),
-                  datetime.now(timezone.utc).isoformat()])
+                  datetime.now(timezone.utc).isoformat()])  # determinism-ok: a side table, never an event
 
 
 def failed_attempts(store, run_id: str) -> list[dict[str, Any]]:

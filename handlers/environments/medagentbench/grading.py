@@ -321,7 +321,7 @@ def grade(case: FhirCase, trajectory: FhirTrajectory, fhir_base: str, data: dict
         ref, rounds = GRADERS[case.task_type](case, trajectory.official_history(), trajectory.result, base, data)
     except _Fail as exc:
         return Grade(False, str(exc), min_rounds=_branch_rounds(case, data))
-    except Exception as exc:  # noqa: BLE001 - eval(): any grader exception is incorrect
+    except Exception as exc:  # noqa: BLE001 - as the official eval step: any grader exception is incorrect
         return Grade(False, f"refsol raised {type(exc).__name__}: {exc}", min_rounds=_branch_rounds(case, data))
     return Grade(True, "payload matches" if case.task_type in (3, 8) else "answer matches", ref, min_rounds=rounds)
 
