@@ -69,7 +69,7 @@ def _retrieved(events) -> dict[str, list[str]]:
     return out
 
 
-_TOOL_NAMES_LOST = pytest.mark.xfail(strict=True, reason='KNOWN REGRESSION (this round, to fix next): after this round's MedAgentBench rework (split, official protocol, de-identified memory), the sim FHIR trajectory no longer names its tool to SkeMex/SELSM distillation (skills read "a FHIR call", required_tools []), with either --protocol')
+_TOOL_NAMES_LOST = pytest.mark.xfail(strict=True, reason="KNOWN REGRESSION (this round, to fix next): after this round's MedAgentBench rework (split, official protocol, de-identified memory), the sim FHIR trajectory no longer names its tool to SkeMex/SELSM distillation (skills read 'a FHIR call', required_tools []), with either --protocol")
 
 
 @pytest.mark.parametrize("policy", [pytest.param("skemex", marks=_TOOL_NAMES_LOST),
