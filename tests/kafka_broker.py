@@ -21,12 +21,14 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
+
+# One readiness probe and JDK lookup for the test broker and `grandrounds kafka dev`.
+from grandrounds.kafka_dev.broker import is_serving as _broker_is_serving, java_executable  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KAFKA_CI_DIR = REPO_ROOT / ".ci" / "kafka"
@@ -49,14 +51,6 @@ def kafka_libs_dir() -> Path | None:
     return libs
 
 
-def java_executable() -> str | None:
-    """``$JAVA_HOME/bin/java`` if set, else ``java`` on PATH, else None."""
-    home = os.environ.get("JAVA_HOME")
-    if home and os.access(Path(home, "bin", "java"), os.X_OK):
-        return str(Path(home, "bin", "java"))
-    return shutil.which("java")
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -71,34 +65,6 @@ def _random_cluster_id() -> str:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         if not cid.startswith("-"):
             return cid
-
-
-def _broker_is_serving(port: int, timeout: float = 2.0) -> bool:
-    """True when the broker answers a Metadata request listing at least one broker.
-
-    An open port is not enough: Kafka binds its listeners before it has caught up
-    with the metadata log and before the controller unfences it, and a fenced
-    broker is left out of Metadata responses. So send a raw Metadata v4 request
-    (v0-v3 were removed in Kafka 4.0 by KIP-896; v4 is the oldest left and, not
-    being a "flexible" version, the simplest to encode) and count the brokers.
-    """
-    client_id = b"grandrounds-probe"
-    # header v1: api_key=3 (Metadata), api_version=4, correlation_id, client_id;
-    # body v4: topics=null (-1: all topics), allow_auto_topic_creation=false.
-    req = struct.pack(">hhih", 3, 4, 7, len(client_id)) + client_id + struct.pack(">ib", -1, 0)
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(struct.pack(">i", len(req)) + req)
-            head = b""
-            while len(head) < 16:  # size, correlation_id, throttle_time_ms, broker count
-                chunk = s.recv(16 - len(head))
-                if not chunk:
-                    return False
-                head += chunk
-    except OSError:
-        return False
-    _size, corr, _throttle, n_brokers = struct.unpack(">iiii", head)
-    return corr == 7 and n_brokers > 0
 
 
 class KafkaBroker:

@@ -32,8 +32,13 @@ def java_executable() -> str | None:
 
 
 def is_serving(port: int, timeout: float = 2.0) -> bool:
-    """Whether a broker on 127.0.0.1:port answers Metadata v4 with at least one broker (an open
-    port is not enough: listeners bind before the broker is unfenced)."""
+    """Whether a broker on 127.0.0.1:port answers Metadata v4 with at least one broker.
+
+    An open port is not enough: Kafka binds its listeners before it has caught up with the
+    metadata log and before the controller unfences it, and a fenced broker is left out of
+    Metadata responses. So send a raw Metadata v4 request (v0-v3 were removed in Kafka 4.0 by
+    KIP-896; v4 is the oldest left and, not being a "flexible" version, the simplest to encode)
+    and count the brokers. (The test broker, tests/kafka_broker.py, uses this probe too.)"""
     client_id = b"grandrounds-probe"
     req = struct.pack(">hhih", 3, 4, 7, len(client_id)) + client_id + struct.pack(">ib", -1, 0)
     try:
