@@ -138,6 +138,12 @@ def collect_replies(base_url: str, model: str, test: Path, out: Path) -> None:
     os.replace(tmp, out)
 
 
+def write_json(path: Path, rows: list[dict]) -> None:
+    tmp_out = path.with_suffix(".tmp")
+    tmp_out.write_text(json.dumps(rows, indent=1) + "\n")
+    os.replace(tmp_out, path)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", required=True)
@@ -170,13 +176,11 @@ def main() -> int:
             for mode in (["online"] if policy == "none" else a.modes.split(",")):
                 rows += run_policy(policy, mode, train, test, common, db)
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
+                if a.json_out:  # after every run, atomically: a long benchmark killed midway keeps its rows
+                    write_json(a.json_out, rows)
         print("\nQwen2.5-Coder-1.5B-Instruct (a 1.5 B coder model) at temperature 0: exercises the real path; "
               "not a clinical claim.\n")
         print(table(rows))
-        if a.json_out:
-            tmp_out = a.json_out.with_suffix(".tmp")
-            tmp_out.write_text(json.dumps(rows, indent=1) + "\n")
-            os.replace(tmp_out, a.json_out)
     return 0
 
 
