@@ -81,6 +81,15 @@ class RunContext:
 
             self.writer.deidentifier = Deidentifier(self.writer.store, self.run_id, self._patient_directory)
 
+    def retrieval_text(self, text: str, case_id: str | None) -> str:
+        """`text` (a case's question, an agent state) de-identified as the case's memory events are, so a
+        retrieval query meets stored items like with like: memory holds `[MRN]` where the live question
+        still names the patient, and the raw identifier would only pull the two apart (SELSM's state
+        threshold of 0.9 missed every short FHIR template). Unchanged when the text names no one."""
+        if self.writer.deidentifier is None:
+            return text
+        return self.writer.deidentifier.scrubber(case_id).text(text)
+
     def _patient_directory(self):
         """The environment's patient lookup (MRN -> FHIR Patient), read when first needed: the
         composition root sets `environment` after the context is built."""

@@ -26,7 +26,7 @@ import re
 from collections import Counter
 from typing import Any, Callable, Iterable
 
-from grandrounds.handlers.policies.selsm.entity_check import find_entities
+from grandrounds.handlers.policies.selsm.entity_check import FHIR_RESOURCE_TYPES, find_entities
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.events import EventPayload
 
@@ -49,6 +49,16 @@ _MRN_LIKE = re.compile(r"^(?:MRN\b.*|[A-Z]{1,3}\d{5,})$", re.I)
 _STATED_NAME = re.compile(r"\b(?:name(?:d| is|:)?|called|patient)\s+([A-Z][a-z'-]+(?:\s+[A-Z][a-z'-]+){0,2})")
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
            "October", "November", "December")
+
+_SEARCH_PREFIX = re.compile(r"^(?:eq|ne|gt|lt|ge|le|sa|eb|ap)(?=\d)")
+"""FHIR search prefixes (`date=ge2023-…`): kept, so the value behind them is scrubbed as a date."""
+
+_PERSON_PARAMS = {
+    "name": "name", "given": "name", "family": "name", "birthdate": "dob", "identifier": "mrn", "patient": "mrn",
+    "subject": "mrn", "_id": "mrn", "telecom": "phone", "phone": "phone", "email": "email", "address": "address",
+    "address-city": "address", "address-postalcode": "address",
+}
+"""FHIR search parameters whose value names a person: replaced by their type whatever the value looks like."""
 
 PatientDirectory = Callable[[str], "dict | None"]
 """MRN -> the patient's FHIR Patient resource, or None (the environment's snapshot)."""
@@ -143,8 +153,37 @@ class SubjectScrubber:
             n = s.count(v.match)
             if n:
                 self.found[kind] += n
-                s = s.replace(v.match, PLACEHOLDERS[kind])
+                s = s.replace(v.match, self._url(v.match) if kind == "url" else PLACEHOLDERS[kind])
         return s
+
+    def _url(self, url: str) -> str:
+        """A URL without its host and identifiers, keeping what a FHIR call means: `[URL]` for scheme, host
+        and base path, then the resource types of its path (other path segments, ids, as `[ID]`) and its
+        search parameters' names with their values scrubbed (a person's name, birth date or id by the
+        parameter's type). A recorded call `GET http://host/fhir/Patient?identifier=S6534835` is kept as
+        `[URL]/Patient?identifier=[MRN]`, so the policies' writers can still describe the action pattern
+        ("GET Patient?identifier=…"). A URL with no resource type in its path is `[URL]` whole."""
+        rest = url.split("://", 1)[-1].partition("#")[0]
+        path, _, query = rest.partition("?")
+        segments = path.split("/")[1:]  # [0] is the host
+        first = next((i for i, x in enumerate(segments) if x in FHIR_RESOURCE_TYPES), None)
+        if first is None:
+            return PLACEHOLDERS["url"]
+        kept = [x if x in FHIR_RESOURCE_TYPES or _PLACEHOLDER_RE.fullmatch(x) or x.startswith(("$", "_"))
+                else PLACEHOLDERS["identifier"] for x in segments[first:] if x]
+        params = []
+        for pair in query.split("&") if query else []:
+            name, eq, value = pair.partition("=")
+            kind = _PERSON_PARAMS.get(name.split(":", 1)[0].lower())
+            if value and kind and not _PLACEHOLDER_RE.fullmatch(value):
+                self.found[kind] += 1
+                value = PLACEHOLDERS[kind]
+            elif value:
+                prefix = _SEARCH_PREFIX.match(value)
+                cut = prefix.end() if prefix else 0
+                value = value[:cut] + self.text(value[cut:])
+            params.append(name + eq + value)
+        return "/".join([PLACEHOLDERS["url"], *kept]) + ("?" + "&".join(params) if params else "")
 
     def _replace_term(self, m: re.Match) -> str:
         kind = self._kind[m.group(0).lower()]

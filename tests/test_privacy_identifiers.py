@@ -139,3 +139,24 @@ def test_scrubber_replaces_structured_and_pattern_identifiers(patients):
     for kind in ("name", "mrn", "dob", "phone", "address", "url", "email", "date"):
         assert PLACEHOLDERS[kind] in out, (kind, out)
     assert "96 mm/h ESR" in out  # clinical values stay
+
+
+def test_a_recorded_fhir_call_stays_a_parseable_call_without_host_or_identifiers(patients):
+    """The policies' writers read a recorded `tool` step as JSON (function name, method, URL): de-identifying
+    it must keep it JSON and keep what the call means (resource type, parameter names), while the host and
+    every identifier go. A URL span that ran on through the closing quote broke the record, and the skills
+    written from it read "a FHIR call" with no required tool."""
+    p = patients["S6534835"]
+    s = SubjectScrubber(patient_terms(p))
+    call = {"accepted": True, "method": "GET", "name": "get_observation_labs",
+            "url": "http://localhost:8080/fhir/Observation?patient=S6534835&code=GLU&date=ge2023-11-12T10:15:00+00:00"
+                   "&_format=json"}
+    other = {"method": "GET", "url": f"http://127.0.0.1:8080/fhir/Patient?family={p['name'][0]['family']}"
+                                     "&birthdate=1932-12-29&identifier=S1234567#x"}
+    read = {"method": "GET", "url": "http://localhost:8080/fhir/Patient/S7654321/_history/2"}
+    bundle = {"meta": {"lastUpdated": "2023-11-13T10:15:00.000+00:00"}, "link": [{"url": "https://hl7.org/x"}]}
+    out = [json.loads(s.text(json.dumps(x))) for x in (call, other, read, bundle)]
+    assert out[0] == {**call, "url": "[URL]/Observation?patient=[MRN]&code=GLU&date=ge[DATE]&_format=json"}
+    assert out[1]["url"] == "[URL]/Patient?family=[NAME]&birthdate=[DOB]&identifier=[MRN]"
+    assert out[2]["url"] == "[URL]/Patient/[ID]/_history/[ID]"
+    assert out[3] == {"meta": {"lastUpdated": "[DATE]"}, "link": [{"url": "[URL]"}]}

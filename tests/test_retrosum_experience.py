@@ -100,7 +100,8 @@ def _bank(contexts: list[tuple[str, str, float]], policy: RetroSumPolicy = Retro
                              seed=0, embedder="table-3"))
     for i, (case_id, ctx, _) in enumerate(contexts):
         proj.apply(i + 1, _experience(i, case_id, ctx))
-    return SimpleNamespace(projection=proj), store
+    # A bare context: these texts name no one, so retrieval reads them as they are.
+    return SimpleNamespace(projection=proj, retrieval_text=lambda text, case_id: text), store
 
 
 def test_experiences_are_keyed_by_the_embedding_of_their_patient_context():

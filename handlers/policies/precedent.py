@@ -44,7 +44,8 @@ class PrecedentMemory(MemoryPolicy):
         episodes: list[RetrievedEpisode] = []
         lines: list[str] = []
         if cfg.k and len(proj.episode_index):
-            for label, rel in proj.episode_index.search(proj.embed(case.question), cfg.k + 1):
+            for label, rel in proj.episode_index.search(proj.embed(ctx.retrieval_text(case.question, case.case_id)),
+                                                        cfg.k + 1):
                 ep = proj.state.episodes[proj.episode_by_label[label]]
                 if ep.case_id == case.case_id or rel < cfg.floor:  # leakage guard, relevance floor
                     continue

@@ -113,9 +113,11 @@ def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str
     return out[: cfg.top_k_episodes]
 
 
-def evo_retrieve(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case: Case, memory_seq: int) -> MemoryRetrieved:
+def evo_retrieve(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case: Case, memory_seq: int,
+                 question: str | None = None) -> MemoryRetrieved:
+    """`question`: the case's question as retrieval reads it (de-identified, `RunContext.retrieval_text`)."""
     state = proj.state
-    query = proj.embed(case.question)
+    query = proj.embed(case.question if question is None else question)
     mcq = case.kind == "mcq"  # the floors are for MCQ cases (FHIR tasks and OSCE dialogues keep the paper's retrieval)
 
     rules: list[RetrievedRule] = []
@@ -149,7 +151,8 @@ class EvoMedAgentMemory(MemoryPolicy):
     config: EvoMedAgentPolicy
 
     def retrieve(self, ctx, case, memory_seq):
-        return evo_retrieve(ctx.projection, self.config, case, memory_seq)
+        return evo_retrieve(ctx.projection, self.config, case, memory_seq,
+                            ctx.retrieval_text(case.question, case.case_id))
 
     def outcomes(self, ctx, case, memory, answer, correct):
         if not self.writes:

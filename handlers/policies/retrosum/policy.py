@@ -88,7 +88,7 @@ class RetroSumMemory(MemoryPolicy):
         part = bank(ctx)
         items: list[MemoryItem] = []
         if len(part) and cfg.top_k and (cfg.actor_lessons or cfg.summariser_lessons):
-            query = ctx.projection.embed(patient_context(case.question))
+            query = ctx.projection.embed(patient_context(ctx.retrieval_text(case.question, case.case_id)))
             for exp, cos in select(part, query, cfg, case.case_id):
                 items += experience_items(exp, cos, cfg)
         actor = [i for i in items if i.detail.get("audience") != SUMMARISER]

@@ -25,12 +25,22 @@ _MONTHS = (r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|jun(?:e)?|j
 _FHIR_RESOURCES = ("Patient|Observation|MedicationRequest|ServiceRequest|Encounter|Condition|Procedure|"
                    "Practitioner|Organization|DiagnosticReport|AllergyIntolerance|Immunization|Appointment")
 
+FHIR_RESOURCE_TYPES = frozenset(_FHIR_RESOURCES.split("|"))
+"""Resource types: not identifiers, and what a de-identified FHIR URL keeps of its path."""
+
+# What a URL or a timestamp can be made of. Characters a URI never holds unencoded (RFC 3986: quotes,
+# braces, angle brackets, backslash, ...) end the span, so a URL or timestamp inside JSON (a recorded FHIR
+# call `{"url": "http://…"}`) ends at its closing quote and replacing it keeps the JSON parseable.
+_URL_TAIL = r"[^\s\"<>{}|\\^`]"
+_TIME_TAIL = r"[\w:.+\-]"
+
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
-    ("url", re.compile(r"\b(?:https?|ftp)://\S+", re.I)),
+    ("url", re.compile(r"\b(?:https?|ftp)://" + _URL_TAIL + "+", re.I)),
     ("email", re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")),
-    ("url", re.compile(r"\bwww\.\S+", re.I)),
-    ("url", re.compile(r"\b(?:localhost|\d{1,3}(?:\.\d{1,3}){3})(?::\d+)?(?:/\S*)?", re.I)),
-    ("url", re.compile(r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|gov|edu|io|nhs\.uk|health)(?:/\S*)?\b", re.I)),
+    ("url", re.compile(r"\bwww\." + _URL_TAIL + "+", re.I)),
+    ("url", re.compile(r"\b(?:localhost|\d{1,3}(?:\.\d{1,3}){3})(?::\d+)?(?:/" + _URL_TAIL + "*)?", re.I)),
+    ("url", re.compile(r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|gov|edu|io|nhs\.uk|health)(?:/" + _URL_TAIL
+                        + r"*)?\b", re.I)),
     ("identifier", re.compile(r"\b(?:" + _FHIR_RESOURCES + r")/[A-Za-z0-9.\-]+")),
     ("identifier", re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I)),
     ("identifier", re.compile(r"\bMRN\b\s*[:#=]?\s*[A-Za-z]*\d[\w-]*", re.I)),
@@ -42,7 +52,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("phone", re.compile(r"(?<![\w-])(?:\+\d{1,3}[ .-]?)?(?:\(\d{3}\)\s?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w-])")),
     ("name", re.compile(r"\b(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof)\.?\s+[A-Z][a-z'-]+")),
     ("name", re.compile(r"\b(?:named|called|name\s*[:=]|name is)\s+[A-Z][a-z'-]+")),
-    ("date", re.compile(r"\b\d{4}-\d{1,2}-\d{1,2}(?:[T ]\d{1,2}:\d{2}(?::\d{2})?\S*)?")),
+    ("date", re.compile(r"\b\d{4}-\d{1,2}-\d{1,2}(?:[T ]\d{1,2}:\d{2}(?::\d{2})?" + _TIME_TAIL + "*)?")),
     ("date", re.compile(r"\b\d{1,2}[/.]\d{1,2}[/.]\d{2,4}\b")),
     ("date", re.compile(r"\b" + _MONTHS + r"\.?\s+\d{1,2}(?:st|nd|rd|th)?(?:,?\s+\d{4})?\b", re.I)),
     ("date", re.compile(r"\b\d{1,2}(?:st|nd|rd|th)?\s+(?:of\s+)?" + _MONTHS + r"\.?(?:,?\s+\d{4})?\b", re.I)),

@@ -55,13 +55,15 @@ def skill_lookup(ctx, cfg: SelsmPolicy, view: CaseView, stage1: dict | None = No
     `stage1`; the memory does not change while a case acts or samples."""
     proj = ctx.projection
     part = part_of(ctx)
-    query = view.question.strip()  # the query portion q* of every state agent_state builds for this case
+    # The query portion q* of every state agent_state builds for this case; query and states are read
+    # de-identified, as the records they are compared with were stored.
+    query = ctx.retrieval_text(view.question.strip(), view.case_id)
     stage1 = {} if stage1 is None else stage1
 
     def lookup(state: str) -> list[MemoryItem]:
         if not part.records or cfg.top_m_skills == 0:
             return []
-        state_vec = proj.embed(state)
+        state_vec = proj.embed(ctx.retrieval_text(state, view.case_id))
         if cfg.two_stage:
             key = (view.case_id, len(part.records))
             if stage1.get("key") != key:

@@ -55,7 +55,7 @@ class SkeMexMemory(MemoryPolicy):
         cfg, mem = self.config, skill_memory(ctx)
         chosen: list[retrieval.Scored] = []
         if cfg.top_k and mem.indexes:
-            query = ctx.projection.embed(case.question)
+            query = ctx.projection.embed(ctx.retrieval_text(case.question, case.case_id))
             pool = retrieval.candidates(mem, cfg, case.case_id, case.category, case_tools(ctx, case), query)
             chosen = retrieval.select(pool, cfg)
         items = [MemoryItem(kind="skill", item_id=c.skill.skill_id, text=item_text(c.skill),
