@@ -33,6 +33,7 @@ from grandrounds.handlers.cases import load_cases  # noqa: E402
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy  # noqa: E402
 from grandrounds.handlers.policies.evo_medagent.policy import evo_retrieve as _evo_retrieve, select_episodes, select_rules  # noqa: E402
 from grandrounds.handlers.runs import RunSpec, open_run  # noqa: E402
+from grandrounds.handlers.policies.evo_medagent import events as evo  # noqa: E402
 from grandrounds.store import event_types as ev  # noqa: E402
 from grandrounds.store.events import NewEvent  # noqa: E402
 from grandrounds.store.projection import open_projection, rebuild, save_checkpoint  # noqa: E402
@@ -44,11 +45,11 @@ def synthetic_memory(n_items: int, rng: np.random.Generator) -> tuple[list[NewEv
         vec = unit_vector(rng)
         if i % 2 == 0:
             text = f"If the presentation includes {', '.join(words)}: favour 'option {i}'."
-            events.append(NewEvent(ev.RuleAdded(rule_id=f"rule-syn-{i}", text=text, trigger=words,
+            events.append(NewEvent(evo.RuleAdded(rule_id=f"rule-syn-{i}", text=text, trigger=words,
                                                 priority=int(i % 3), source_case_id=f"syn-{i}"), f"syn-{i}"))
         else:
             text = f"Synthetic case {i}: {' '.join(words)}."
-            events.append(NewEvent(ev.EpisodeStored(
+            events.append(NewEvent(evo.EpisodeStored(
                 episode_id=f"ep-syn-{i}", case_id=f"syn-{i}", descriptor=text, trace=[], answer="A", gold="A",
                 correct=True, summary=f"summary {i}", guideline=f"guideline {' '.join(words)}",
                 trigger=words), f"syn-{i}"))
@@ -116,13 +117,14 @@ def main() -> None:
     cfg = spec.policy
     ctx, _ = open_run(store, "measure", spec, cache)
     queries = [cache.get(c.question) for c in base]
-    assert proj.rule_index.uses_hnsw and proj.episode_index.uses_hnsw
+    part = proj.state.policy_memory  # Evo-MedAgent's part holds the two indexes
+    assert part.rule_index.uses_hnsw and part.episode_index.uses_hnsw
     reps = 5
     t = time.perf_counter()
     for _ in range(reps):
         for q in queries:
-            proj.rule_index._hnsw.knn_query(q.reshape(1, -1), k=cfg.candidate_pool, num_threads=1)
-            proj.episode_index._hnsw.knn_query(q.reshape(1, -1), k=cfg.top_k_episodes + 1, num_threads=1)
+            part.rule_index._hnsw.knn_query(q.reshape(1, -1), k=cfg.candidate_pool, num_threads=1)
+            part.episode_index._hnsw.knn_query(q.reshape(1, -1), k=cfg.top_k_episodes + 1, num_threads=1)
     raw = (time.perf_counter() - t) / (reps * len(queries))
     t = time.perf_counter()
     for _ in range(reps):

@@ -39,13 +39,10 @@ def _logging(verbose: bool) -> None:
 
 
 def _fold_state(store, run_id: str):
-    """Memory counts for the summary: a fold of the log (no embeddings needed)."""
-    from grandrounds.store.memory_state import MemoryState
+    """Memory counts for the summary: audit's fold of the log (no embeddings needed)."""
+    from grandrounds.replay.audit_common import memory_at
 
-    state = MemoryState()
-    for e in store.iter(run_id):
-        state.apply(e.seq, e.decode())
-    return state
+    return memory_at(store, run_id)
 
 
 # --- run --broker kafka://… (called from cli.run) -------------------------------------------

@@ -3,24 +3,46 @@
 Audit reads the log, never a live projection: the memory "as it was" at seq S is the fold
 of the run's events up to S. Only the event types that change memory are read (SQL filters
 out case payloads, retrieval prefixes and reflections), which keeps a fold of a
-2,500-case run well under a second; the fold itself is `MemoryState.apply`, the one used
-live, so audit cannot disagree with what the run saw.
+2,500-case run well under a second; the folds themselves are `MemoryState.apply` and Evo-MedAgent's
+`EvoFold.fold`, the ones used live, so audit cannot disagree with what the run saw.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy, PolicyConfig
+from grandrounds.handlers.policies.evo_medagent import memory as evo_memory
+from grandrounds.handlers.policies.evo_medagent.memory import EvoFold, Rule
 from grandrounds.handlers.policies.evo_medagent.policy import rule_utility
 from grandrounds.replay.caselog import require_spec
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.read_model import EventLog
-from grandrounds.store.memory_state import MemoryState, Rule
+from grandrounds.store.memory_state import MemoryState
 
-MEMORY_TYPES = ("run.started", "feedback.recorded", "episode.stored", "rule.added", "rule.edited",
-                "rule.priority_changed", "rule.retired", "tool.label_changed", "case.completed")
-"""The event types `MemoryState.apply` folds that audit needs (`case.received` only counts)."""
+MEMORY_TYPES = (*evo_memory.MEMORY_TYPES, "case.completed")
+"""The event types audit folds (`case.received` only counts)."""
+
+
+@dataclass
+class AuditMemory(EvoFold):
+    """Evo-MedAgent's three stores (empty but for tools under the other policies, whose own items
+    audit reads from their projection part) with the run's case counts, without any index: audit
+    needs no embedding model."""
+
+    common: MemoryState = field(default_factory=MemoryState)
+
+    def apply(self, seq: int, payload) -> None:
+        self.common.apply(seq, payload)
+        self.fold(seq, payload)
+
+    @property
+    def cases_completed(self) -> int:
+        return self.common.cases_completed
+
+    @property
+    def correct(self) -> int:
+        return self.common.correct
 
 
 class AuditInputError(ValueError):
@@ -71,19 +93,19 @@ def completed_count(store: EventStore, run_id: str, upto_seq: int) -> int:
     return EventLog(store).completed_cases(run_id, upto_seq=upto_seq)
 
 
-def memory_at(store: EventStore, run_id: str, upto_seq: int | None = None) -> MemoryState:
+def memory_at(store: EventStore, run_id: str, upto_seq: int | None = None) -> AuditMemory:
     """The run's memory state after folding every event up to `upto_seq` (None: the head)."""
-    state = MemoryState()
+    state = AuditMemory()
     log = EventLog(store)
     for e in log.events(run_id, upto_seq=upto_seq, types=MEMORY_TYPES, meta=False):  # meta is never state
         state.apply(e.seq, e.model())
-    state.cases_received = log.count(run_id, types=["case.received"], upto_seq=upto_seq)
+    state.common.cases_received = log.count(run_id, types=["case.received"], upto_seq=upto_seq)
     if upto_seq is not None:
-        state.last_seq = upto_seq
+        state.common.last_seq = upto_seq
     return state
 
 
-def utility_of(rule: Rule, state: MemoryState, policy: PolicyConfig) -> float | None:
+def utility_of(rule: Rule, state: EvoFold, policy: PolicyConfig) -> float | None:
     if not isinstance(policy, EvoMedAgentPolicy):
         return None
     return round(rule_utility(rule, state.feedback_count, policy), 6)

@@ -19,7 +19,7 @@ from grandrounds.replay.audit_common import AuditInputError, case_indexes, short
 from grandrounds.replay.caselog import require_spec
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.read_model import EventLog
-from grandrounds.store.memory_state import Rule
+from grandrounds.handlers.policies.evo_medagent.memory import Rule
 
 RULE_TYPES = ("rule.added", "rule.edited", "rule.priority_changed", "rule.retired")
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from grandrounds.replay.audit_common import AsOf, AuditInputError, memory_at, resolve_as_of, utility_of
+from grandrounds.replay.audit_common import AsOf, AuditInputError, AuditMemory, memory_at, resolve_as_of, utility_of
 from grandrounds.replay.caselog import require_spec
 from grandrounds.store.eventstore import EventStore
-from grandrounds.store.memory_state import MemoryState
 
 KINDS = ("rule", "episode", "tool")
 POLICY_KINDS = {"skemex": "skill", "selsm": "selsm-record", "retrosum": "experience"}
@@ -62,7 +61,7 @@ def policy_items(store: EventStore, run_id: str, upto_seq: int, status: str | No
     return found
 
 
-def rule_item(rule, state: MemoryState, policy) -> dict:
+def rule_item(rule, state: AuditMemory, policy) -> dict:
     return {
         "kind": "rule", "id": rule.rule_id, "status": rule.status, "priority": rule.priority,
         "utility": utility_of(rule, state, policy),
@@ -85,7 +84,7 @@ def tool_item(t) -> dict:
             "harmful": t.harmful, "misuse": t.misuse, "total": t.total}
 
 
-def render_items(run_id: str, policy, state: MemoryState, at: AsOf, kinds: list[str], status: str | None,
+def render_items(run_id: str, policy, state: AuditMemory, at: AsOf, kinds: list[str], status: str | None,
                  sort: str, limit: int | None) -> dict:
     out: list[dict] = []
     if "rule" in kinds:

@@ -233,79 +233,7 @@ class ReflectionRecorded(GrowingPayload):
     omit_if_default: ClassVar[frozenset[str]] = frozenset({"review"})
 
 
-@event("episode.stored")
-class EpisodeStored(GrowingPayload):
-    carries_memory: ClassVar[bool] = True
-    episode_id: str
-    case_id: str
-    descriptor: str
-    trace: list[str]
-    answer: str
-    gold: str
-    correct: bool
-    summary: str
-    guideline: str
-    trigger: list[str]
-    answer_text: str = ""
-    """MCQ: the text of the option the agent chose ("" when it gave none): precedents show texts,
-    since letters are shuffled between cases."""
-    gold_text: str = ""
-    """MCQ: the text of the confirmed answer."""
-
-    omit_if_default: ClassVar[frozenset[str]] = frozenset({"answer_text", "gold_text"})
-
-
-@event("rule.added")
-class RuleAdded(EventPayload):
-    carries_memory: ClassVar[bool] = True
-    rule_id: str
-    text: str
-    trigger: list[str]
-    priority: Priority
-    source_case_id: str
-
-
-@event("rule.edited")
-class RuleEdited(EventPayload):
-    carries_memory: ClassVar[bool] = True
-    rule_id: str
-    text: str
-    trigger: list[str]
-    source_case_id: str
-    reason: str = ""
-
-
-@event("rule.priority_changed")
-class RulePriorityChanged(EventPayload):
-    carries_memory: ClassVar[bool] = True
-    rule_id: str
-    old: Priority
-    new: Priority
-    source_case_id: str
-    reason: str = ""
-
-
-@event("rule.retired")
-class RuleRetired(EventPayload):
-    carries_memory: ClassVar[bool] = True
-    rule_id: str
-    source_case_id: str
-    reason: str = ""
-
-
 # --- govern --------------------------------------------------------------------------------
-
-
-@event("tool.label_changed")
-class ToolLabelChanged(EventPayload):
-    carries_memory: ClassVar[bool] = True
-    tool: str
-    old: ToolLabel
-    new: ToolLabel
-    n: int
-    helpful: int
-    harmful: int
-    misuse: int
 
 
 @event("case.completed")

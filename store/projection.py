@@ -22,9 +22,9 @@ from grandrounds.store.events import EventPayload, StoredEvent, payload_class, u
 from grandrounds.store.memory_state import MemoryState
 from grandrounds.store.policy_memory import import_part, part_for
 from grandrounds.store.safe_codec import CheckpointFormatError, decode, encode
-from grandrounds.store.vector_index import VectorIndex
 
-PROJECTION_VERSION = 3  # 2: policy memory parts, memory.seeded; 3: safe checkpoint format (pickles refused)
+PROJECTION_VERSION = 4  # 2: policy memory parts, memory.seeded; 3: safe checkpoint format (pickles refused);
+# 4: Evo-MedAgent's memory is a part too (its rules, episodes and indexes moved out of the projection)
 CHECKPOINT_NAME = "memory"
 
 CHECKPOINT_SCHEMA = """CREATE TABLE IF NOT EXISTS checkpoints (
@@ -39,11 +39,6 @@ class MemoryProjection:
         self.dim = dim
         self.exact_limit = exact_limit
         self.state = MemoryState()
-        self.rule_index = VectorIndex(dim, exact_limit=exact_limit)
-        self.episode_index = VectorIndex(dim, exact_limit=exact_limit)
-        self.rule_labels: dict[str, int] = {}
-        self.rule_by_label: dict[int, str] = {}
-        self.episode_by_label: dict[int, str] = {}
         self.last_chain: str | None = None
         self._cache: EmbeddingCache | None = None  # not saved in checkpoints
 
@@ -73,19 +68,6 @@ class MemoryProjection:
         self.state.apply(seq, payload)
         if self.state.policy_memory is not None:
             self.state.policy_memory.apply(seq, payload, self.embed)
-        # Index maintenance after the state change, from the same event.
-        if isinstance(payload, ev.RuleAdded):
-            self._index_rule(payload.rule_id, payload.text)
-        elif isinstance(payload, ev.RuleEdited):
-            self.rule_index.remove(self.rule_labels.pop(payload.rule_id))
-            self._index_rule(payload.rule_id, payload.text)
-        elif isinstance(payload, ev.RuleRetired):
-            label = self.rule_labels.pop(payload.rule_id, None)
-            if label is not None:
-                self.rule_index.remove(label)
-        elif isinstance(payload, ev.EpisodeStored):
-            label = self.episode_index.add(self.embed(payload.descriptor))
-            self.episode_by_label[label] = payload.episode_id
 
     def _seed(self, seq: int, seeded: ev.MemorySeeded) -> None:
         """Fold another run's memory events. They get negative seqs in the source's order, so
@@ -95,11 +77,6 @@ class MemoryProjection:
             data = upcast(item["type"], item["schema_version"], item["payload"])
             self.apply(item["seq"] - base, payload_class(item["type"]).model_validate(data))
         self.state.last_seq = seq
-
-    def _index_rule(self, rule_id: str, text: str) -> None:
-        label = self.rule_index.add(self.embed(text))
-        self.rule_labels[rule_id] = label
-        self.rule_by_label[label] = rule_id
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ def test_items_time_travel_matches_a_rebuild_of_the_log(recorded_db):
     seq = out["as_of"]["seq"]
     with EventStore(recorded_db, read_only=True) as store:
         assert store.read("src", upto_seq=seq)[-1].type == "case.completed"
-        state = rebuild(store, "src", EmbeddingCache(shared_minilm(), None), upto_seq=seq).state
+        state = rebuild(store, "src", EmbeddingCache(shared_minilm(), None), upto_seq=seq).state.policy_memory
     from grandrounds.handlers.policies.evo_medagent.policy import rule_utility
 
     rules = {i["id"]: i for i in out["items"] if i["kind"] == "rule"}

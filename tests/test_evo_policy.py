@@ -9,7 +9,7 @@ import pytest
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy, PolicyError, load_policy
 from grandrounds.handlers.policies.evo_medagent.policy import render_prefix, rule_utility, selection_score, tool_label
 from grandrounds.store.event_types import RetrievedEpisode, RetrievedRule, ToolGuidance
-from grandrounds.store.memory_state import Rule, ToolRecord
+from grandrounds.handlers.policies.evo_medagent.memory import Rule, ToolRecord
 
 CFG = EvoMedAgentPolicy()
 

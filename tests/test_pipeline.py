@@ -19,6 +19,7 @@ from grandrounds.handlers.tools import ToolBox
 from grandrounds.store import event_types as ev
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.policy_memory import part_for
 from grandrounds.store.projection import MemoryProjection, open_projection, rebuild
 from grandrounds.streams.embedded import EmbeddedRunner
 
@@ -29,8 +30,8 @@ def test_memory_beats_the_memory_free_baseline_on_the_same_stream(example_cases,
     none = run_in(s, example_cases, none_spec, "none").projection.state
     assert evo.cases_completed == none.cases_completed == len(example_cases)
     assert evo.correct >= none.correct + 20  # recurring patterns: memory must pay off
-    assert none.rules == {} and none.episodes == {}
-    assert len(evo.episodes) == len(example_cases) and evo.active_rules()
+    assert none.policy_memory.rules == {} and none.policy_memory.episodes == {}
+    assert len(evo.policy_memory.episodes) == len(example_cases) and evo.policy_memory.active_rules()
     # the baseline retrieved nothing on any case
     for e in s.iter("none", types=["memory.retrieved"]):
         assert e.payload["rules"] == [] and e.payload["episodes"] == []
@@ -66,14 +67,14 @@ def test_a_case_never_retrieves_memory_derived_from_itself(example_cases, evo_sp
     run_in(store, twin_pattern + [first], evo_spec)
     last = [e for e in store.iter("r", types=["memory.retrieved"])][-1].payload
     assert all(ep["source_case_id"] != first.case_id for ep in last["episodes"])
-    state = open_projection(store, "r", EmbeddingCache(shared_minilm())).projection.state
+    state = open_projection(store, "r", EmbeddingCache(shared_minilm())).projection.state.policy_memory
     own = {r.rule_id for r in state.rules.values() if first.case_id in r.derived_from}
     assert own and not own & {r["rule_id"] for r in last["rules"]}
 
 
 def test_tool_governance_learns_reliable_and_unreliable_tools(example_cases, store):
     spec = RunSpec(policy=EvoMedAgentPolicy(), seed=0, tools={"good": 0.95, "bad": 0.1})
-    state = run_in(store, example_cases, spec).projection.state
+    state = run_in(store, example_cases, spec).projection.state.policy_memory
     assert state.tools["good"].label == "Trusted"
     assert state.tools["bad"].label == "Avoid"
     changes = [(e.payload["tool"], e.payload["new"]) for e in store.iter("r", types=["tool.label_changed"])]
@@ -99,6 +100,7 @@ class _ProposeSame:
 def test_near_duplicate_rules_escalate_priority_instead_of_duplicating(example_cases, store):
     cache = EmbeddingCache(shared_minilm())
     proj = MemoryProjection(cache.embedder.dim).bind(cache)
+    proj.state.policy_memory = part_for("evo-medagent", cache.embedder.dim, 4096)  # what run.started creates
     ctx = RunContext("r", EvoMedAgentPolicy(), _ProposeSame(), proj, EventWriter(store, "r", proj), 0)
     answer = ev.AnswerGiven(answer="A", source="lexical")
     fb = ev.FeedbackRecorded(answer="A", gold="A", correct=True)
@@ -106,7 +108,7 @@ def test_near_duplicate_rules_escalate_priority_instead_of_duplicating(example_c
     for case in example_cases[:3]:
         asyncio.run(reflect(ctx, case, mem, answer, fb))
     ctx.writer.flush()
-    rules = proj.state.active_rules()
+    rules = proj.state.policy_memory.active_rules()
     assert len(rules) == 1 and rules[0].priority == 0  # 2 -> 1 -> 0
     types = [e.type for e in store.read("r")]
     assert types.count("rule.added") == 1 and types.count("rule.priority_changed") == 2
@@ -116,8 +118,10 @@ def test_rebuild_from_the_log_equals_the_live_projection(example_cases, evo_spec
     live = run_in(store, example_cases, evo_spec).projection
     rebuilt = rebuild(store, "r", EmbeddingCache(shared_minilm()))
     assert rebuilt.state == live.state
+    live, rebuilt = live.state.policy_memory, rebuilt.state.policy_memory
+    embed = EmbeddingCache(shared_minilm()).get
     for case in example_cases[:10]:
-        q = live.embed(case.question)
+        q = embed(case.question)
         assert rebuilt.rule_index.search(q, 5) == live.rule_index.search(q, 5)
         assert rebuilt.episode_index.search(q, 3) == live.episode_index.search(q, 3)
 
@@ -127,13 +131,13 @@ def test_hnsw_path_is_deterministic_and_survives_a_checkpoint(example_cases, evo
 
     run_in(store, example_cases, evo_spec)
     cache = EmbeddingCache(shared_minilm())
-    a = rebuild(store, "r", cache, exact_limit=8)
-    b = rebuild(store, "r", cache, exact_limit=8)
+    a = rebuild(store, "r", cache, exact_limit=8).state.policy_memory
+    b = rebuild(store, "r", cache, exact_limit=8).state.policy_memory
     assert a.episode_index.uses_hnsw and a.rule_index.uses_hnsw
-    c = decode(encode(a)).bind(cache)  # the checkpoint format, hnswlib graphs included
-    exact = rebuild(store, "r", cache)
+    c = decode(encode(a))  # the checkpoint format, hnswlib graphs included
+    exact = rebuild(store, "r", cache).state.policy_memory
     for case in example_cases[:20]:
-        q = a.embed(case.question)
+        q = cache.get(case.question)
         assert a.episode_index.search(q, 3) == b.episode_index.search(q, 3) == c.episode_index.search(q, 3)
         # at this size the graph is exact: same answers as brute force
         assert a.episode_index.search(q, 3) == exact.episode_index.search(q, 3)

@@ -7,16 +7,11 @@ events and fold are light modules (pydantic models, a dataclass fold); its mecha
 backbone code stay lazily loaded (registry.py).
 """
 
+from grandrounds.handlers.policies.evo_medagent import events as _evo_events  # noqa: F401
+from grandrounds.handlers.policies.evo_medagent import memory as _evo_memory  # noqa: F401  (also precedent, none)
 from grandrounds.handlers.policies.retrosum import events as _retrosum_events  # noqa: F401
 from grandrounds.handlers.policies.retrosum import memory as _retrosum_memory  # noqa: F401
 from grandrounds.handlers.policies.selsm import events as _selsm_events  # noqa: F401
 from grandrounds.handlers.policies.selsm import memory as _selsm_memory  # noqa: F401
 from grandrounds.handlers.policies.skemex import events as _skemex_events  # noqa: F401
 from grandrounds.handlers.policies.skemex import memory as _skemex_memory  # noqa: F401
-from grandrounds.store.policy_memory import register_part
-
-# Evo-MedAgent's rules, episodes and tool records are folded by the common MemoryState, and so are the
-# episodes of the nearest-precedent baseline; the memory-free baseline keeps none.
-register_part("evo-medagent", None)
-register_part("precedent", None)
-register_part("none", None)

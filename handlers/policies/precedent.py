@@ -18,7 +18,9 @@ from grandrounds.handlers.policies.config import PolicyBase
 from grandrounds.handlers.policies.precedents import findings_of, precedent_line
 from grandrounds.handlers.policies.render import render_prefix
 from grandrounds.handlers.text import key_terms
-from grandrounds.store.event_types import EpisodeStored, MemoryRetrieved, RetrievedEpisode
+from grandrounds.handlers.policies.evo_medagent.events import EpisodeStored
+from grandrounds.handlers.policies.evo_medagent.memory import EvoMemory
+from grandrounds.store.event_types import MemoryRetrieved, RetrievedEpisode
 
 
 class PrecedentPolicy(PolicyBase):
@@ -41,12 +43,13 @@ class PrecedentMemory(MemoryPolicy):
 
     def retrieve(self, ctx, case, memory_seq):
         proj, cfg = ctx.projection, self.config
+        mem: EvoMemory = proj.state.policy_memory  # the episodes part, shared with evo-medagent
         episodes: list[RetrievedEpisode] = []
         lines: list[str] = []
-        if cfg.k and len(proj.episode_index):
-            for label, rel in proj.episode_index.search(proj.embed(ctx.retrieval_text(case.question, case.case_id)),
-                                                        cfg.k + 1):
-                ep = proj.state.episodes[proj.episode_by_label[label]]
+        if cfg.k and len(mem.episode_index):
+            for label, rel in mem.episode_index.search(proj.embed(ctx.retrieval_text(case.question, case.case_id)),
+                                                       cfg.k + 1):
+                ep = mem.episodes[mem.episode_by_label[label]]
                 if ep.case_id == case.case_id or rel < cfg.floor:  # leakage guard, relevance floor
                     continue
                 if len(episodes) == cfg.k:
@@ -62,7 +65,7 @@ class PrecedentMemory(MemoryPolicy):
         if not self.writes:
             return None
         options = getattr(case, "options", None) or {}
-        state = ctx.projection.state
+        state: EvoMemory = ctx.projection.state.policy_memory
         ctx.writer.emit(EpisodeStored(
             episode_id=f"ep-{state.episodes_added:05d}", case_id=case.case_id, descriptor=case.question,
             trace=[], answer=answer.answer, gold=case.answer, correct=fb.correct, summary="", guideline="",

@@ -19,14 +19,22 @@ from grandrounds.handlers.policies.base import MemoryPolicy
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
 from grandrounds.handlers.policies.precedents import findings_of, precedent_line, review_text, rule_matches
 from grandrounds.handlers.policies.render import BASE_PROTOCOL, render_prefix  # noqa: F401  (re-exported)
-from grandrounds.store.event_types import (AnswerGiven, EpisodeStored, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded,
-                               RetrievedEpisode, RetrievedRule, RuleAdded, RuleEdited, RuleEditProposal,
-                               RuleOutcome, RulePriorityChanged, RuleRetired, ToolCall, ToolGuidance,
-                               ToolLabelChanged, ToolOutcome)
-from grandrounds.store.llm_events import CaseFailed
+from grandrounds.handlers.policies.evo_medagent.events import (EpisodeStored, RuleAdded, RuleEdited, RulePriorityChanged,
+                                                            RuleRetired, ToolLabelChanged)
+from grandrounds.handlers.policies.evo_medagent.memory import EvoMemory, Rule, ToolRecord
 from grandrounds.handlers.text import content_tokens
-from grandrounds.store.memory_state import Rule, ToolRecord
+from grandrounds.store.event_types import (AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded,
+                                           RetrievedEpisode, RetrievedRule, RuleEditProposal, RuleOutcome, ToolCall,
+                                           ToolGuidance, ToolOutcome)
+from grandrounds.store.llm_events import CaseFailed
 from grandrounds.store.projection import MemoryProjection
+
+
+def evo_memory(proj: MemoryProjection) -> EvoMemory:
+    """The run's Evo-MedAgent memory part (registered for evo-medagent, precedent and none)."""
+    part = proj.state.policy_memory
+    assert isinstance(part, EvoMemory), f"the run's memory is a {type(part).__name__}, not Evo-MedAgent's"
+    return part
 
 
 def rule_utility(rule: Rule, total_feedback: int, cfg: EvoMedAgentPolicy) -> float:
@@ -86,10 +94,10 @@ def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, q
 
     Returns (rule, relevance, utility, score) tuples, best first; ties by creation order.
     """
-    state = proj.state
+    state = evo_memory(proj)
     scored = []
-    for label, relevance in proj.rule_index.search(query, cfg.candidate_pool):
-        rule = state.rules[proj.rule_by_label[label]]
+    for label, relevance in state.rule_index.search(query, cfg.candidate_pool):
+        rule = state.rules[state.rule_by_label[label]]
         if case_id in rule.derived_from:  # leakage guard
             continue
         if case_tokens is not None and cfg.rule_floor > 0 and not rule_matches(rule.trigger, rule.text, case_tokens,
@@ -106,8 +114,9 @@ def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str
                     floor: float = -1.0):
     """Top episodes by cosine at or above the floor, excluding the case's own: (episode, relevance) tuples."""
     out = []
-    for label, relevance in proj.episode_index.search(query, cfg.top_k_episodes + 1):
-        ep = proj.state.episodes[proj.episode_by_label[label]]
+    mem = evo_memory(proj)
+    for label, relevance in mem.episode_index.search(query, cfg.top_k_episodes + 1):
+        ep = mem.episodes[mem.episode_by_label[label]]
         if ep.case_id != case_id and relevance >= floor:  # leakage guard, relevance floor
             out.append((ep, relevance))
     return out[: cfg.top_k_episodes]
@@ -116,12 +125,12 @@ def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str
 def evo_retrieve(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case: Case, memory_seq: int,
                  question: str | None = None) -> MemoryRetrieved:
     """`question`: the case's question as retrieval reads it (de-identified, `RunContext.retrieval_text`)."""
-    state = proj.state
+    state = evo_memory(proj)
     query = proj.embed(case.question if question is None else question)
     mcq = case.kind == "mcq"  # the floors are for MCQ cases (FHIR tasks and OSCE dialogues keep the paper's retrieval)
 
     rules: list[RetrievedRule] = []
-    if cfg.procedural and cfg.top_k_rules and len(proj.rule_index):
+    if cfg.procedural and cfg.top_k_rules and len(state.rule_index):
         rules = [RetrievedRule(rule_id=r.rule_id, text=r.text, trigger=r.trigger, priority=r.priority,
                                relevance=_r6(rel), utility=_r6(u), score=_r6(s))
                  for r, rel, u, s in select_rules(proj, cfg, case.case_id, query,
@@ -129,7 +138,7 @@ def evo_retrieve(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case: Case, mem
 
     episodes: list[RetrievedEpisode] = []
     precedents: list[str] = []
-    if cfg.episodic and cfg.top_k_episodes and len(proj.episode_index):
+    if cfg.episodic and cfg.top_k_episodes and len(state.episode_index):
         for ep, rel in select_episodes(proj, cfg, case.case_id, query, cfg.episode_floor if mcq else -1.0):
             episodes.append(RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary=ep.summary,
                                              guideline=ep.guideline, trigger=ep.trigger, relevance=_r6(rel)))
@@ -181,7 +190,7 @@ class EvoMedAgentMemory(MemoryPolicy):
         if review:
             result = result.model_copy(update={"review": review})
         cause = ctx.writer.emit(result, case_id=case.case_id)
-        state = ctx.projection.state
+        state = evo_memory(ctx.projection)
         if cfg.episodic:
             trace = [f"{s.kind}: {s.content}" for s in answer.steps]
             options = getattr(case, "options", None) if case.kind == "mcq" else None
@@ -218,7 +227,7 @@ class EvoMedAgentMemory(MemoryPolicy):
         return rejected, review
 
     def _apply_edit(self, ctx, case: Case, edit: RuleEditProposal, cause: int) -> None:
-        state, emit = ctx.projection.state, ctx.writer.emit
+        state, emit = evo_memory(ctx.projection), ctx.writer.emit
         cid = case.case_id
         rule = state.rules.get(edit.rule_id) if edit.rule_id else None
         if edit.op == "add":
@@ -249,18 +258,19 @@ class EvoMedAgentMemory(MemoryPolicy):
 
     def _near_duplicate(self, ctx, text: str) -> Rule | None:
         proj = ctx.projection
-        if not len(proj.rule_index):
+        mem = evo_memory(proj)
+        if not len(mem.rule_index):
             return None
-        hits = proj.rule_index.search(proj.embed(text), 1)
+        hits = mem.rule_index.search(proj.embed(text), 1)
         if hits and hits[0][1] >= self.config.duplicate_cosine:
-            return proj.state.rules[proj.rule_by_label[hits[0][0]]]
+            return mem.rules[mem.rule_by_label[hits[0][0]]]
         return None
 
     async def govern(self, ctx, case, index, fb) -> None:
         """Relabel tools from their records."""
         if not (self.writes and self.config.governance):
             return
-        state = ctx.projection.state
+        state = evo_memory(ctx.projection)
         for name in sorted(state.tools):
             rec = state.tools[name]
             new = tool_label(rec, self.config)
