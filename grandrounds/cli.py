@@ -10,7 +10,7 @@ from contextlib import nullcontext
 import click
 
 from grandrounds.cli_group import main, progress as _progress
-from grandrounds.errors import BAD_INPUT, discard_on_bad_input, fail, keep_written
+from grandrounds.errors import BAD_INPUT, discard_on_bad_input, fail, fail_for, keep_written
 from grandrounds.output import render_run
 
 
@@ -225,7 +225,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
     except (StoreError, ReplayDivergence) as exc:
-        fail(str(exc), 1, as_json)
+        fail_for(exc, as_json)
     except ModelOutage as exc:
         outage_exit(exc, as_json)
     except ValueError as exc:  # --memory-from that cannot apply

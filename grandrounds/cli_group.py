@@ -11,9 +11,24 @@ import sys
 import click
 
 from grandrounds import __version__
+from grandrounds.store.errors import GrandroundsError
 
 
-@click.group()
+class Main(click.Group):
+    """The command group: a `GrandroundsError` a command lets escape exits with the code its class
+    stands for (grandrounds/errors.py), never as a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        as_json = "--json" in [*getattr(ctx, "_protected_args", []), *ctx.args]
+        try:
+            return super().invoke(ctx)
+        except GrandroundsError as exc:
+            from grandrounds.errors import fail_for
+
+            fail_for(exc, as_json)
+
+
+@click.group(cls=Main)
 @click.version_option(__version__, prog_name="grandrounds")
 def main() -> None:
     """Event-sourced streaming memory for clinical LLM agents."""

@@ -14,7 +14,7 @@ import click
 
 from grandrounds import cli_replay  # noqa: F401  (defines the audit group extended below)
 from grandrounds.cli_group import main
-from grandrounds.errors import BAD_INPUT, fail
+from grandrounds.errors import BAD_INPUT, fail, fail_for
 from grandrounds.output import render_run
 
 _BROKER_HELP = "Kafka bootstrap servers as kafka://HOST:PORT[,HOST:PORT…]."
@@ -94,8 +94,8 @@ def run_on_kafka(cases, spec, *, broker: str, db: str, run_id: str | None, note:
             summary = run_summary(store, rid, _fold_state(store, rid))
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
-    except RunFailed as exc:
-        fail(str(exc), 2 if exc.reason == "rejected" else 1, as_json)
+    except RunFailed as exc:  # RunRejected is InvalidInput: exit 2, as the embedded runner
+        fail_for(exc, as_json)
     except (StoreError, TimeoutError) as exc:
         fail(str(exc), 1, as_json)
     except Exception as exc:  # noqa: BLE001 - e.g. the broker is unreachable

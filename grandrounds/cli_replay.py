@@ -17,16 +17,8 @@ DEFAULT_DB = "grandrounds.duckdb"
 
 
 def _bad_input() -> tuple[type[Exception], ...]:
-    from grandrounds.replay.audit_common import AuditInputError
-    from grandrounds.replay.caselog import UnknownRun
-    from grandrounds.replay.counterfactual import CounterfactualError
-    from grandrounds.replay.environment import EnvironmentUnavailable
-    from grandrounds.replay.export import ExportError
-    from grandrounds.replay.order_replay import ReplayInputError
-    from grandrounds.replay.verify import NotVerifiable
-
-    return BAD_INPUT + (UnknownRun, AuditInputError, CounterfactualError, ExportError, ReplayInputError,
-                        NotVerifiable, EnvironmentUnavailable)
+    # Every replay, audit, export and verify input error is an InvalidInput (store/errors.py).
+    return BAD_INPUT
 
 
 def _open(db: str, as_json: bool, read_only: bool):

@@ -1,4 +1,11 @@
-"""Exit codes (DESIGN §8): 0 success, 2 bad input, 1 anything else."""
+"""Exit codes (DESIGN §8): 0 success, 2 bad input, 1 anything else; mapped here and only here.
+
+What an exception means for the caller is its class in the root hierarchy (store/errors.py):
+`InvalidInput` exits 2 and removes a file the command created; `Retryable` and `Bug` exit 1 with a
+word on what to do; any other `GrandroundsError` exits 1. The command group (`cli_group.Main`)
+maps whatever a command lets escape; commands that want a more specific message (the model
+outage's resume hint) catch first and call `fail` themselves.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +14,27 @@ import sys
 
 import click
 
-from grandrounds.handlers.backbones import BackboneUnavailable
-from grandrounds.handlers.cases import CaseFileError
-from grandrounds.handlers.policies.config import PolicyError
-from grandrounds.handlers.runs import RunMismatch
-from grandrounds.store.dbfile import NotADuckDBFile
-from grandrounds.store.signing import SigningKeyError
+from grandrounds.store.errors import Bug, GrandroundsError, InvalidInput, Retryable
 
-BAD_INPUT = (CaseFileError, PolicyError, RunMismatch, BackboneUnavailable, NotADuckDBFile, SigningKeyError)
+BAD_INPUT = (InvalidInput,)
+"""What a command catches to exit 2 (kept as a tuple: commands add their own, e.g. click's)."""
+
+
+def exit_code(exc: BaseException) -> int:
+    return exc.exit_code if isinstance(exc, GrandroundsError) else 1
+
+
+def message_of(exc: BaseException) -> str:
+    if isinstance(exc, Bug):
+        return f"{exc} (an internal error of grandrounds, not of the input: please report it)"
+    if isinstance(exc, Retryable) and not isinstance(exc, InvalidInput):
+        return f"{exc} (a transient failure: the same command run again resumes)"
+    return str(exc)
+
+
+def fail_for(exc: BaseException, as_json: bool) -> None:
+    """Exit with the code and message the exception's class stands for."""
+    fail(message_of(exc), exit_code(exc), as_json)
 
 
 _NEW_FILES: list[str] = []

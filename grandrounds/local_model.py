@@ -19,6 +19,7 @@ scores are not clinical accuracy.
 
 from __future__ import annotations
 
+from grandrounds.store.errors import GrandroundsError
 import hashlib
 import os
 import shutil
@@ -56,7 +57,7 @@ READY_TIMEOUT_S = 120.0
 Log = Callable[[str], None]
 
 
-class LocalModelError(RuntimeError):
+class LocalModelError(GrandroundsError, RuntimeError):
     pass
 
 

@@ -8,6 +8,7 @@ executed is recorded as the answer's steps (what feedback grades).
 
 from __future__ import annotations
 
+from grandrounds.store.errors import Bug
 from grandrounds.handlers.agent.react import NO_ANSWER
 from grandrounds.handlers.backbones.base import CaseFailure, records_exchanges
 from grandrounds.handlers.cases import CaseView, FhirCaseView
@@ -19,8 +20,9 @@ from grandrounds.store.event_types import AnswerGiven, MemoryRetrieved
 from grandrounds.store.llm_events import CaseFailed
 
 
-class ActError(RuntimeError):
-    pass
+class ActError(Bug, RuntimeError):
+    """A backbone broke the act contract (an answer outside the options, a backbone asked to act on a
+    task kind it cannot): a bug of that backbone, not of the case."""
 
 
 async def act(ctx: RunContext, view: CaseView | FhirCaseView, memory: MemoryRetrieved,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import json
 from pathlib import Path
 from typing import Literal
@@ -61,7 +62,7 @@ class Case(BaseModel):
                         options=self.options, category=self.category, tools=self.tools)
 
 
-class CaseFileError(ValueError):
+class CaseFileError(InvalidInput, ValueError):
     """Bad input: names the file, the 1-based line and the offending field."""
 
     def __init__(self, path: str, line: int | None, field: str | None, message: str):

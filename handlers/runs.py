@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import json
 from typing import Any
 
@@ -51,7 +52,7 @@ class RunSpec(BaseModel):
         return f"{self.policy.name}-{content_hash(data)[:10]}"
 
 
-class RunMismatch(ValueError):
+class RunMismatch(InvalidInput, ValueError):
     pass
 
 

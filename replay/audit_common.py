@@ -9,6 +9,7 @@ out case payloads, retrieval prefixes and reflections), which keeps a fold of a
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 from dataclasses import dataclass, field
 
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy, PolicyConfig
@@ -45,7 +46,7 @@ class AuditMemory(EvoFold):
         return self.common.correct
 
 
-class AuditInputError(ValueError):
+class AuditInputError(InvalidInput, ValueError):
     """A bad audit request: unknown item or case, an as-of point outside the run (exit code 2)."""
 
 

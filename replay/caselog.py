@@ -6,13 +6,14 @@ validated case, so a run can be re-executed, or re-ordered, from its own log alo
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 from grandrounds.handlers.cases import Case, FhirCase
 from grandrounds.handlers.runs import RunSpec, read_spec
 from grandrounds.store.event_types import CaseReceived, MemorySeeded
 from grandrounds.store.eventstore import EventStore
 
 
-class UnknownRun(LookupError):
+class UnknownRun(InvalidInput, LookupError):
     """The named run has no events in this file (bad input: exit code 2)."""
 
 

@@ -8,13 +8,14 @@ no-op.
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import json
 
 from grandrounds.handlers.policies.config import PolicyConfig, PolicyError, policy_from_dict, policy_to_dict, with_ablations
 from grandrounds.handlers.runs import RunSpec
 from grandrounds.store.canonical import content_hash
 
-class CounterfactualError(ValueError):
+class CounterfactualError(InvalidInput, ValueError):
     """A policy override that cannot apply (bad input: exit code 2)."""
 
 

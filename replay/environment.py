@@ -10,6 +10,7 @@ re-executed against something else.
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 from contextlib import AbstractContextManager
 
 from grandrounds.handlers.cases import FhirCase
@@ -18,7 +19,7 @@ from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.eventstore import EventStore
 
 
-class EnvironmentUnavailable(ValueError):
+class EnvironmentUnavailable(InvalidInput, ValueError):
     """The run's environment cannot be built again as it was (bad input: exit code 2)."""
 
 

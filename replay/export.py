@@ -11,6 +11,7 @@ be the database being read, and an existing file is replaced only when asked (`f
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import json
 import os
 from pathlib import Path
@@ -23,7 +24,7 @@ from grandrounds.store.read_model import EventLog
 FORMATS = ("parquet", "jsonl")
 
 
-class ExportError(ValueError):
+class ExportError(InvalidInput, ValueError):
     """Bad export request (exit code 2)."""
 
 

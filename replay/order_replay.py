@@ -25,6 +25,7 @@ between runs cannot make one run's events depend on another's.
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import math
 import time
 from contextlib import nullcontext
@@ -53,7 +54,7 @@ MODEL_BACKBONES = ("openai", "record")
 """Backbones that call a model: their runs are replayed from the source's recorded exchanges."""
 
 
-class ReplayInputError(ValueError):
+class ReplayInputError(InvalidInput, ValueError):
     """Bad replay flags (exit code 2)."""
 
 

@@ -20,6 +20,7 @@ An unknown parameter is an error (HAPI answers 400), which `SearchError` carries
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import calendar
 import re
 import unicodedata
@@ -29,7 +30,7 @@ NON_FILTERING = frozenset({"_count", "_format", "_pretty", "_summary", "_sort", 
 _DATE = re.compile(r"^(eq|ne|lt|gt|le|ge|sa|eb|ap)?(\d{4})(?:-(\d{2})(?:-(\d{2}))?)?$")
 
 
-class SearchError(ValueError):
+class SearchError(InvalidInput, ValueError):
     """A search the server refuses (HTTP 400), with HAPI's kind of message."""
 
 

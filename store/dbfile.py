@@ -10,6 +10,7 @@ DuckDB database file (its header carries `DUCK` at byte 8).
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import os
 from pathlib import Path
 
@@ -17,7 +18,7 @@ DUCKDB_MAGIC = b"DUCK"
 _MAGIC_AT = 8
 
 
-class NotADuckDBFile(ValueError):
+class NotADuckDBFile(InvalidInput, ValueError):
     """`--db` names something that is not a DuckDB database file (bad input: exit code 2)."""
 
 

@@ -8,6 +8,7 @@ one version step at a time, so stored bytes are never rewritten.
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypeVar
@@ -87,7 +88,7 @@ def upcaster(type_name: str, from_version: int) -> Callable[[Callable], Callable
     return register
 
 
-class UnknownEventType(LookupError):
+class UnknownEventType(InvalidInput, LookupError):
     pass
 
 

@@ -14,6 +14,7 @@ predecessor (`store.integrity`), so an edit made to the file behind the API's ba
 
 from __future__ import annotations
 
+from grandrounds.store.errors import GrandroundsError, Retryable
 import json
 import os
 import threading
@@ -54,15 +55,15 @@ CREATE TABLE IF NOT EXISTS consumer_offsets (
 """
 
 
-class StoreError(RuntimeError):
+class StoreError(GrandroundsError, RuntimeError):
     pass
 
 
-class ConcurrencyConflict(StoreError):
+class ConcurrencyConflict(StoreError, Retryable):
     """Another writer appended to the run after the seq this writer based its events on."""
 
 
-class StoreBusy(StoreError):
+class StoreBusy(StoreError, Retryable):
     """The DuckDB file is held by another process (DuckDB allows one writing process)."""
 
 

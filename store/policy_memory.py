@@ -10,6 +10,7 @@ is an error, never a silently empty memory.
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -20,7 +21,7 @@ Embed = Callable[[str], np.ndarray]
 
 
 
-class UnknownPolicy(LookupError):
+class UnknownPolicy(InvalidInput, LookupError):
     pass
 
 

@@ -21,6 +21,7 @@ caller rebuilds from the log.
 
 from __future__ import annotations
 
+from grandrounds.store.errors import GrandroundsError
 import base64
 import json
 import math
@@ -44,7 +45,7 @@ _DTYPES = {np.dtype(t).str for t in ("bool", "int8", "int16", "int32", "int64", 
 _MODULE_PREFIXES = ("grandrounds.store.", "grandrounds.handlers.", "grandrounds.replay.")
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(GrandroundsError, ValueError):
     """A checkpoint blob that is not a well-formed safe checkpoint (it is dropped and rebuilt)."""
 
 

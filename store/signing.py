@@ -10,6 +10,7 @@ of a fixed label, so the key cannot be read back from it) that tells which key s
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import hmac
 import os
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ SCHEMA = """CREATE TABLE IF NOT EXISTS signed_heads (
     chain_version INTEGER NOT NULL, key_id VARCHAR NOT NULL, mac VARCHAR NOT NULL)"""
 
 
-class SigningKeyError(ValueError):
+class SigningKeyError(InvalidInput, ValueError):
     """A signing key that cannot be used (bad input: exit code 2)."""
 
 

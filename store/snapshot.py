@@ -10,6 +10,7 @@ runs with another.
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 from typing import Any
 
 from grandrounds.store.event_types import MemorySeeded, RunStarted
@@ -17,7 +18,7 @@ from grandrounds.store.events import payload_class
 from grandrounds.store.eventstore import EventStore
 
 
-class SnapshotError(ValueError):
+class SnapshotError(InvalidInput, ValueError):
     pass
 
 

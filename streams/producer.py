@@ -11,6 +11,7 @@ ends with a full copy of the run's log — the same bytes the worker's file hold
 
 from __future__ import annotations
 
+from grandrounds.store.errors import GrandroundsError, InvalidInput
 import asyncio
 import logging
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from grandrounds.streams.topics import DEFAULT_PARTITIONS, Topics, ensure_topics
 log = logging.getLogger("grandrounds.kafka")
 
 
-class RunFailed(RuntimeError):
+class RunFailed(GrandroundsError, RuntimeError):
     """A dead letter reports that the worker rejected or could not process part of the run."""
 
     def __init__(self, message: str, reason: str = "failed"):
@@ -38,6 +39,15 @@ class RunFailed(RuntimeError):
         self.reason = reason
         """The dead letter's reason: `rejected` is a run the worker refused to open (a run id
         that names a run of another configuration): bad input, like the embedded runner's."""
+
+
+class RunRejected(RunFailed, InvalidInput):
+    """The worker refused to open the run (its id names a run of another configuration): bad input,
+    exit 2, as the embedded runner refuses it."""
+
+
+def run_failed(message: str, reason: str = "failed") -> RunFailed:
+    return (RunRejected if reason == "rejected" else RunFailed)(message, reason)
 
 
 @dataclass
@@ -108,7 +118,7 @@ async def follow_run(bootstrap: str, submitted: Submitted, store: EventStore, to
                     if tp.topic == topics.dead_letter:
                         if rec.key is not None and rec.key.decode("utf-8", "replace") == run_id:
                             letter = DeadLetter.model_validate_json(rec.value)
-                            raise RunFailed(f"run {run_id}: {letter.reason} message on {letter.source_topic}: "
+                            raise run_failed(f"run {run_id}: {letter.reason} message on {letter.source_topic}: "
                                             f"{letter.error}", reason=letter.reason)
                         continue
                     span = batch_span(rec.headers)

@@ -9,6 +9,7 @@ one worker own a run outright (DESIGN §4).
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import logging
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -24,7 +25,7 @@ DEFAULT_GROUP = "grandrounds"
 DEFAULT_PARTITIONS = 8
 
 
-class BrokerUrlError(ValueError):
+class BrokerUrlError(InvalidInput, ValueError):
     pass
 
 

@@ -6,6 +6,7 @@ the jars on the classpath and the machine's JDK 17+. Data persists in its folder
 
 from __future__ import annotations
 
+from grandrounds.store.errors import GrandroundsError
 import base64
 import os
 import shutil
@@ -20,7 +21,7 @@ from pathlib import Path
 DEFAULT_DATA = Path.home() / ".cache" / "grandrounds" / "kafka-dev"
 
 
-class BrokerError(RuntimeError):
+class BrokerError(GrandroundsError, RuntimeError):
     """The broker could not be formatted or started; the message carries its log tail."""
 
 

@@ -10,6 +10,7 @@ list is fetched again. Nothing downloaded is executed here: the jars run in a JV
 
 from __future__ import annotations
 
+from grandrounds.store.errors import Retryable
 import hashlib
 import os
 import shutil
@@ -25,7 +26,7 @@ DEFAULT_LIBS = Path.home() / ".cache" / "grandrounds" / "kafka-libs"
 MARKER = ".complete"
 
 
-class JarFetchError(RuntimeError):
+class JarFetchError(Retryable, RuntimeError):
     """A download failed or a jar's checksum did not match (nothing is left half-written)."""
 
 

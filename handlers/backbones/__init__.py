@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
+
 BACKBONES = ("sim", "openai", "record")
 
 
-class BackboneUnavailable(ValueError):
+class BackboneUnavailable(InvalidInput, ValueError):
     pass
 
 

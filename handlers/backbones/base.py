@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grandrounds.store.errors import GrandroundsError
 from typing import Literal, Protocol
 
 import numpy as np
@@ -12,7 +13,7 @@ from grandrounds.handlers.tools import ToolBox
 from grandrounds.store.event_types import AgentStep, AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
 
 
-class CaseFailure(Exception):
+class CaseFailure(GrandroundsError):
     """Raised by a backbone when a case cannot be completed (model unreachable after retries,
     output unusable to the last step). The stage records it as `case.failed` with `steps`,
     the trajectory so far, and memory is not written from the case."""

@@ -12,6 +12,7 @@ and where its files were on this machine goes to the `run.started` event's meta,
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import hashlib
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -25,7 +26,7 @@ META_KEY = "environment"
 """Key of the environment record in the `run.started` meta."""
 
 
-class MissingEnvironment(RuntimeError):
+class MissingEnvironment(InvalidInput, RuntimeError):
     """A case needs an environment the run does not have (a fhir case without `--env medagentbench`)."""
 
 

@@ -11,6 +11,7 @@ Both grade by exact option-letter match (the feedback stage).
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import json
 import re
 from pathlib import Path
@@ -22,7 +23,7 @@ FORMATS = ("chestagentbench", "agentclinic-nejm")
 _OPTION = re.compile(r"^\s*([A-Z])[).]\s+(.+?)\s*$")
 
 
-class BenchmarkFormatError(ValueError):
+class BenchmarkFormatError(InvalidInput, ValueError):
     pass
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from grandrounds.store.errors import GrandroundsError, Retryable
 
-class GatewayError(RuntimeError):
+
+class GatewayError(GrandroundsError, RuntimeError):
     pass
 
 
@@ -26,7 +28,7 @@ class ReplayDivergence(GatewayError):
     the re-execution is no longer the recorded one (DESIGN §3), so nothing after it is valid."""
 
 
-class ModelOutage(GatewayError):
+class ModelOutage(GatewayError, Retryable):
     """The endpoint could not be reached or did not answer usably (refused, timed out, 5xx, 429,
     malformed, HTML or truncated body, rejected key) on every attempt of one call.
 

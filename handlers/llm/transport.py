@@ -6,6 +6,7 @@ saying whether a retry can help. Retrying, recording and parsing are the gateway
 
 from __future__ import annotations
 
+from grandrounds.store.errors import Retryable
 import json
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,7 +23,7 @@ class RawReply:
     usage: TokenUsage | None
 
 
-class TransportFailure(Exception):
+class TransportFailure(Retryable):
     def __init__(self, kind: str, message: str, retryable: bool, retry_after: float | None = None):
         self.kind, self.message, self.retryable, self.retry_after = kind, message, retryable, retry_after
         super().__init__(f"{kind}: {message}")

@@ -6,6 +6,7 @@ next to the field.
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -100,7 +101,7 @@ class NoMemoryPolicy(PolicyBase):
     name: Literal["none"] = "none"
 
 
-class PolicyError(ValueError):
+class PolicyError(InvalidInput, ValueError):
     pass
 
 

@@ -11,6 +11,7 @@ reported.
 
 from __future__ import annotations
 
+from grandrounds.store.errors import Retryable
 import re
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -27,7 +28,7 @@ _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 _PCT = re.compile(r"%([0-9A-Fa-f]{2})")
 
 
-class FhirTransportError(OSError):
+class FhirTransportError(Retryable, OSError):
     """The server could not be reached (or answered nothing usable)."""
 
 

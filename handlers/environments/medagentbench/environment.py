@@ -15,6 +15,7 @@ got, and grading reads only what the log holds (a case resumed after act grades 
 
 from __future__ import annotations
 
+from grandrounds.store.errors import Bug
 import json
 from contextlib import contextmanager
 from typing import Iterator
@@ -34,7 +35,7 @@ OFFICIAL_SOURCE = "llm:official"
 """`answer.given.source` of an episode in the official text protocol (its steps hold the conversation)."""
 
 
-class TrajectoryMismatch(RuntimeError):
+class TrajectoryMismatch(Bug, RuntimeError):
     """The agent's tool steps and the calls the tools executed do not pair up (a bug in an agent loop)."""
 
 

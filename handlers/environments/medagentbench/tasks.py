@@ -6,6 +6,7 @@ Data (../shared/data): `medagentbench/test_data_v2.json` (task1..task10 x 30) an
 
 from __future__ import annotations
 
+from grandrounds.store.errors import InvalidInput
 import json
 import re
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ TASK8_COMMENT = ("Situation: acute left knee injury, Background: radiology repor
 _ID = re.compile(r"^task(\d+)_(\d+)$")
 
 
-class NeedsFullServer(RuntimeError):
+class NeedsFullServer(InvalidInput, RuntimeError):
     """The task type reads server data the snapshot does not hold: grade it with `--fhir-base`."""
 
 
