@@ -39,8 +39,10 @@ from grandrounds.output import render_run
                    "json_schema, then decode each turn against a schema of its legal moves where it does (schema), "
                    "else the <reasoning>/<tool>/<response> text protocol (text). Recorded in run.started.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Cases in flight; 0 = strict order (the embedded runner is always strict).")
+@click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0), metavar="K",
+              help="Cases in flight: case i acts on the memory as of case i-1-K (its learning stages still run "
+                   "in case order); with a model backbone up to K+1 cases wait on the model at once. 0 = strict "
+                   "order. Recorded in run.started; the bytes depend on K, never on timing. Embedded runner only.")
 @click.option("--broker", default="memory", show_default=True, help="memory (embedded) or kafka://HOST:PORT.")
 @click.option("--sim-tool", "sim_tools", multiple=True, metavar="NAME=RELIABILITY",
               help="Offer a simulated tool of fixed reliability (repeatable; sim backbone).")
@@ -119,6 +121,9 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
         record_db = db_file(record_db) if record_db else None
         memory_db = db_file(memory_db) if memory_db else None
         pol = with_ablations(load_policy(policy), list(ablations))
+        if lag and broker != "memory":
+            raise ValueError(f"--lag {lag}: the Kafka worker runs cases strictly in order; a lagged run "
+                             "(memory pinned k cases back) runs on the embedded runner only (omit --broker)")
         if env == "medagentbench":
             setup = prepare_medagentbench(cases_file, funcs, patients, fhir_base, tuple(task_types), limit,
                                           pol.name, tuple(sim_tools), broker, fhir_protocol or "official",
@@ -262,8 +267,6 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
     if memory_from:
         frozen = "frozen" if not keep_learning else "still learning"
         notes.append(f"memory from run {memory_from} ({frozen})")
-    if lag:
-        notes.append(f"--lag {lag} is recorded with the run, but cases were processed strictly in order")
     if as_json:
         summary = dict(summary, db=db, notes=notes)
         click.echo(json.dumps(summary))
