@@ -14,11 +14,12 @@ version (a function of k and the log, never of timing) and the model's replies. 
 from the log: `store.projection.projections_at`).
 
 Where the time goes. With a live model backbone each case is executed twice over its pinned
-memory: ahead of its turn (retrieve and act only, as soon as its version exists, concurrently
-with the k cases before it, writing nothing; `handlers/llm/prefetch.py` keeps the replies), then
-in order, for real, served from those replies. So up to k+1 cases' agent turns wait on the model
-at once; reflection's model calls (which read the live memory) stay in case order. With `sim` or
-a recorded backbone there is nothing to wait on, and only the pinning applies.
+memory: ahead of its turn (as soon as its version exists, concurrently with the k cases before
+it, writing nothing; `handlers/llm/prefetch.py` keeps the replies), then in order, for real, served
+from those replies. So up to k+1 cases' agent turns wait on the model at once. The ahead pass also
+speculates feedback and reflection over the pinned memory: a reply is served in order only to the
+very same request, so a reflection whose prompt reads the live memory is simply asked again, live.
+With `sim` or a recorded backbone there is nothing to wait on, and only the pinning applies.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ from grandrounds.store.projection import MemoryProjection, copy_projection, proj
 
 PINNED_STAGES = ("retrieve", "act")
 """The stages that read the pinned memory version; the others learn on the live memory, in order."""
+AHEAD_STAGES = ("retrieve", "act", "feedback", "reflect")
+"""What the ahead pass runs (over the pinned memory, writing nothing). feedback and reflect are
+speculation: their replies are served only where the in-order pass, on the live memory, sends the
+very same request (a reflection prompt built from what the case was shown, say); else it asks live."""
 
 StageDone = Callable[[str], Awaitable[None]]
 
@@ -133,9 +138,8 @@ class LagPipeline:
                              tools=dict(ctx.tools), lag=ctx.lag, environment=ctx.environment)
         progress = CaseProgress()
         try:
-            for stage in PINNED_STAGES:
-                if next_stage(progress) == stage:
-                    await run_stage(scratch, case, index, progress, stage)
+            while (stage := next_stage(progress)) in AHEAD_STAGES:
+                await run_stage(scratch, case, index, progress, stage)
         except Exception:  # noqa: BLE001 - the in-order pass is authoritative: it meets the same failure,
             return None    # or fetches live what is missing (an outage is raised there, with its case)
 
