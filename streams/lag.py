@@ -27,14 +27,19 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import logging
 from typing import Awaitable, Callable, Sequence
 
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.context import EventWriter, RunContext
+from grandrounds.handlers.deidentify import Deidentifier
+from grandrounds.handlers.llm.errors import ModelOutage
 from grandrounds.handlers.llm.prefetch import PrefetchTransport
 from grandrounds.handlers.pipeline import CaseProgress, next_stage, run_stage
 from grandrounds.store import event_types as ev
 from grandrounds.store.projection import MemoryProjection, copy_projection, projections_at
+
+log = logging.getLogger("grandrounds.lag")
 
 PINNED_STAGES = ("retrieve", "act")
 """The stages that read the pinned memory version; the others learn on the live memory, in order."""
@@ -46,19 +51,17 @@ very same request (a reflection prompt built from what the case was shown, say);
 StageDone = Callable[[str], Awaitable[None]]
 
 
-class _NoDeidentifier:
-    """The ahead pass writes nothing, so there is nothing to de-identify."""
-
-
 class ScratchWriter(EventWriter):
-    """The ahead pass's writer: hands out seqs, keeps nothing, changes no projection."""
+    """The ahead pass's writer: hands out seqs, keeps nothing, changes no projection. Its own
+    de-identifier sees the case's `case.received`, so retrieval queries are scrubbed as in order."""
 
-    def __init__(self, store, run_id: str, projection: MemoryProjection):
+    def __init__(self, store, run_id: str, projection: MemoryProjection, directory):
         super().__init__(store, run_id, projection)
-        self.deidentifier = _NoDeidentifier()
+        self.deidentifier = Deidentifier(store, run_id, directory)
         self._emitted = 0
 
     def emit(self, payload, case_id=None, causation_seq=None, meta=None) -> int:
+        self.deidentifier.observe(payload, case_id)
         self._emitted += 1
         return self.committed_seq + self._emitted
 
@@ -93,6 +96,8 @@ class LagPipeline:
         self.pinned: dict[int, MemoryProjection] = {}
         self.ahead: dict[int, asyncio.Task] = {}
         self.prefetch, self.ahead_backbone = _wire_prefetch(ctx.backbone)
+        self.ahead_failures: list[str] = []
+        """Cases whose ahead pass stopped on an error other than an outage (they ran live, in order)."""
 
     def start(self, start: int, interrupted: bool) -> None:
         """Pin cases start .. start+lag (their versions are all in the log or live now) and send them
@@ -134,14 +139,19 @@ class LagPipeline:
     async def _run_ahead(self, index: int) -> None:
         ctx, case, pinned = self.ctx, self.cases[index], self.pinned[index]
         scratch = RunContext(run_id=ctx.run_id, policy=ctx.policy, backbone=self.ahead_backbone, projection=pinned,
-                             writer=ScratchWriter(ctx.writer.store, ctx.run_id, pinned), seed=ctx.seed,
+                             writer=ScratchWriter(ctx.writer.store, ctx.run_id, pinned, ctx._patient_directory),
+                             seed=ctx.seed,
                              tools=dict(ctx.tools), lag=ctx.lag, environment=ctx.environment)
         progress = CaseProgress()
         try:
             while (stage := next_stage(progress)) in AHEAD_STAGES:
                 await run_stage(scratch, case, index, progress, stage)
-        except Exception:  # noqa: BLE001 - the in-order pass is authoritative: it meets the same failure,
-            return None    # or fetches live what is missing (an outage is raised there, with its case)
+        except ModelOutage:
+            return None  # the in-order pass meets it too, and raises it there, naming its case
+        except Exception as exc:  # noqa: BLE001 - the in-order pass is authoritative: it meets the same
+            # failure or fetches live what is missing; said, so a broken ahead pass is not silently slow
+            self.ahead_failures.append(f"{case.case_id}: {exc!r}")
+            log.warning("--lag: case %s could not run ahead (%r); it runs in order, live", case.case_id, exc)
 
     async def process(self, case: Case, index: int, progress: CaseProgress | None, on_stage: StageDone):
         """Case `index` in order: retrieve and act on its pinned memory, the rest on the live memory."""

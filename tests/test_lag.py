@@ -164,13 +164,15 @@ def _run_live(cases, lag: int, **server) -> tuple[str, dict, FakeOpenAI]:
         return store.fingerprint("r"), served, fake
 
 
-def test_shuffled_replies_and_the_ahead_pass_never_change_the_bytes(cases, monkeypatch):
+def test_shuffled_replies_and_the_ahead_pass_never_change_the_bytes(cases, monkeypatch, caplog):
     few = cases[:8]
+    caplog.set_level("WARNING", logger="grandrounds.lag")
     fp, served, fake = _run_live(few, 3, delay_s=0.02, jitter_s=0.05)
     assert served.get("prefetched", 0) > 0  # the in-order pass was served what the ahead pass fetched
     assert fake.max_in_flight >= 2  # several cases waited on the model at once
     n_exchanges = sum(served.values())
     assert len(fake.requests) == n_exchanges  # nothing was asked twice
+    assert not [r for r in caplog.records if r.name == "grandrounds.lag"]  # every case ran ahead
     again, _, _ = _run_live(few, 3, delay_s=0.0, jitter_s=0.05)  # other timings, other arrival order
     assert again == fp
     monkeypatch.setattr(lag_module, "_wire_prefetch", lambda backbone: (None, None))
