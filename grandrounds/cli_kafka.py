@@ -135,27 +135,33 @@ def run_on_kafka(cases, spec, *, broker: str, db: str, run_id: str | None, note:
 @click.option("--session-timeout-ms", default=10_000, show_default=True, type=click.IntRange(min=1000))
 @click.option("--base-url", default=None, help="openai backbone: endpoint (else OPENAI_BASE_URL).")
 @click.option("--max-steps", default=None, type=click.IntRange(min=1), help="openai backbone: agent steps per case.")
+@click.option("--key-file", default=None, metavar="PATH",
+              help="Sign the head of every run this worker completes with this key (else $GRANDROUNDS_SIGNING_KEY, "
+                   "if set), as `grandrounds run` does; `verify --key-file` checks it.")
 @click.option("--quiet", is_flag=True, help="Log warnings only.")
 @click.option("--json", "as_json", is_flag=True, help="On exit, print the worker's counters as one JSON object.")
 def worker(broker, db, group, name, topic_prefix, partitions, replication_factor, max_poll_interval_ms,
-           session_timeout_ms, base_url, max_steps, quiet, as_json):
+           session_timeout_ms, base_url, max_steps, key_file, quiet, as_json):
     """Join the consumer group and process every run whose cases arrive (until SIGINT/SIGTERM)."""
     from grandrounds.store.eventstore import StoreError
     from grandrounds.streams.kafka_app import KafkaWorkerApp, WorkerSettings
 
-    from grandrounds.store.dbfile import NotADuckDBFile, db_file
+    from grandrounds.store.dbfile import db_file
+
+    from grandrounds.store.signing import load_key
 
     bootstrap = _bootstrap(broker, as_json)
     try:
         db = db_file(db)
-    except NotADuckDBFile as exc:
+        signing_key = load_key(key_file)
+    except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
     _logging(not quiet)
     opts = {k: v for k, v in (("base_url", base_url), ("max_steps", max_steps)) if v is not None}
     settings = WorkerSettings(bootstrap, db=db, group_id=group, name=name, prefix=topic_prefix,
                               partitions=partitions, replication_factor=replication_factor,
                               max_poll_interval_ms=max_poll_interval_ms, session_timeout_ms=session_timeout_ms,
-                              backbone_opts=opts, tune_gc=True, preload_embedder=True)
+                              backbone_opts=opts, tune_gc=True, preload_embedder=True, signing_key=signing_key)
     app = KafkaWorkerApp(settings)
     # The worker's DuckDB commits run on a thread of their own; with the default 5 ms switch interval
     # the event loop (polling, acks, the stages) waits up to that long for the GIL each time it
@@ -191,7 +197,7 @@ def worker(broker, db, group, name, topic_prefix, partitions, replication_factor
 @click.option("--model", default=None, help="Model name for the openai backbone.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Only 0 over Kafka: the worker runs cases strictly in order (a lagged run: `grandrounds run --lag`).")
+              help="Recorded in the run; the Kafka worker processes cases strictly in order.")
 @click.option("--sim-tool", "sim_tools", multiple=True, metavar="NAME=RELIABILITY",
               help="Offer a simulated tool of fixed reliability (repeatable; sim backbone).")
 @click.option("--topic-prefix", default="grandrounds.", show_default=True, help=_PREFIX_HELP)
@@ -207,9 +213,6 @@ def submit(cases_file, broker, run_id, policy, backbone, model, seed, lag, sim_t
 
     bootstrap = _bootstrap(broker, as_json)
     try:
-        if lag:
-            raise ValueError(f"--lag {lag}: the Kafka worker runs cases strictly in order; a lagged run (memory "
-                             "pinned k cases back) runs on the embedded runner only (grandrounds run --lag)")
         cases, source = load_cases(cases_file)
         pol = load_policy(policy)
         tools = dict(parse_tool_spec(s) for s in sim_tools)
@@ -250,7 +253,7 @@ def collect(broker, db, run_ids, topic_prefix, as_json):
     from grandrounds.streams.producer import collect as collect_changelog
     from grandrounds.streams.topics import Topics
 
-    from grandrounds.store.dbfile import NotADuckDBFile, db_file
+    from grandrounds.store.dbfile import db_file
 
     bootstrap = _bootstrap(broker, as_json)
     try:

@@ -2,7 +2,7 @@
 
 Defined once, here, and driven by both transports: the embedded runner runs a case's stages in a
 row (handlers/pipeline.py `process_case`), the Kafka worker one stage per message
-(streams/kafka_worker.py). `CaseProgress` is what the log holds for a case; `next_stage` reads it.
+(streams/kafka_worker/). `CaseProgress` is what the log holds for a case; `next_stage` reads it.
 """
 
 from __future__ import annotations

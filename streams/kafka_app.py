@@ -28,7 +28,9 @@ from faststream.middlewares import AckPolicy, BaseMiddleware
 from pydantic import ValidationError
 
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+from grandrounds.store.errors import InvalidInput
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.signing import SigningKey
 from grandrounds.streams.assignor import copartition_assignor
 from grandrounds.streams.changelog import encode_batch
 from grandrounds.streams.kafka_worker import KafkaWorker
@@ -85,6 +87,8 @@ class WorkerSettings:
     tune_gc: bool = False
     """After start-up, freeze what it loaded out of the garbage collector's way and collect less
     often (the `grandrounds worker` process; not a process that hosts other work, like tests)."""
+    signing_key: SigningKey | None = None
+    """Sign the head of every run the worker completes (store/signing.py), as `grandrounds run` does."""
     preload_embedder: bool = False
     """Load the embedding model during start-up, before the consumers join the group (the
     `grandrounds worker` process). Loaded lazily instead, a cold load (seconds to tens of seconds)
@@ -125,7 +129,9 @@ def _dead_letter_middleware(owner: "KafkaWorkerApp") -> type[BaseMiddleware]:
             token = _RECORD.set(msg.raw_message)
             try:
                 return await call_next(msg)
-            except (ValidationError, ValueError, UnicodeDecodeError) as exc:
+            except (ValidationError, json.JSONDecodeError, UnicodeDecodeError, InvalidInput) as exc:
+                # What is wrong with the message itself. Not any ValueError: a project error that
+                # is a ValueError for compatibility (store/errors.py) may well be the worker's.
                 reason, error = "invalid", str(exc)
             except Exception as exc:  # noqa: BLE001 - never let one message stop the worker
                 log.exception("unexpected error handling %s", msg.raw_message)
@@ -297,7 +303,7 @@ class KafkaWorkerApp:
         worker = KafkaWorker(self._store, self._cache, bootstrap=s.bootstrap, topics=self.topics,
                              group_id=s.group_id, worker_id=self.worker_id, partitions=partitions,
                              checkpoint_every=s.checkpoint_every, keep_step_log=s.keep_step_log,
-                             backbone_opts=s.backbone_opts)
+                             backbone_opts=s.backbone_opts, signing_key=s.signing_key)
         worker.publish_stage = self._publish_stage
         worker.publish_changelog = self._publish_changelog
         worker.publish_dead_letter = self._publish_dead_letter

@@ -192,7 +192,7 @@ async def test_a_message_taken_up_ahead_of_its_ack_is_done_once_its_offset_is_kn
         d = Delivery("act", None, "t.act", 0, None, 0, 0.0, (0, 1), own=True, sent=sent)
 
         def acked(fut):  # what RunActor._deliver_ahead registers first
-            d.offset = fut.result()
+            d.acknowledge(fut.result())
             tracker.delivered_own(d.offset)
 
         sent.add_done_callback(acked)

@@ -258,7 +258,7 @@ async def test_parallel_runs_then_takeover_by_a_second_worker(kafka_broker, kafk
     topics = Topics(prefix)
     cases = kafka_warm.cases
     runs = run_ids_on_partitions([0, 1, 2, 3], stem="par")
-    lags: dict[str, int] = {}  # lag 0 only: a lagged run is the embedded runner's (submit_run refuses it)
+    lags = {runs[0]: 1}  # one run with lag 1 recorded (processed strictly, like the embedded runner)
     client = EventStore(":memory:")
     a_ctx = running_worker(boot, kafka_warm.worker_db(tmp_path, "a"), prefix, name=None)
     b_ctx = running_worker(boot, kafka_warm.worker_db(tmp_path, "b"), prefix, name=None)
@@ -509,3 +509,71 @@ async def test_a_refused_duckdb_commit_reloads_the_run_and_restores_it_from_the_
         # Every message is done, those of the dropped steps included (some were taken up ahead of their
         # ack): no offset is left open below the positions the worker stores.
         await wait_until(lambda: all(t.pending == 0 for t in app.worker.offsets.values()), 10, "every message done")
+
+
+async def test_a_takeover_that_fails_once_is_retried_and_no_valid_message_is_dead_lettered(kafka_broker, kafka_warm,
+                                                                                           tmp_path, monkeypatch):
+    """A refused DuckDB commit makes the worker restore run a's partition from the changelog; that restore
+    fails once (the changelog unreachable for a moment), while run b's messages arrive on the same
+    partition and wait for it. The takeover is retried and both runs end as the embedded ones. (The
+    takeover's exception used to reach the messages waiting on it: b's went to the dead letters.)"""
+    import grandrounds.streams.kafka_worker.rebalance as rebalance
+
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    topics = Topics(prefix)
+    n = 3
+    run_a, run_b = run_ids_on_partitions([3, 3], stem="takeover")
+    real_import, refused, import_failures, subs = rebalance.import_partitions, [], [], {}
+
+    async def flaky_import(*args, **kwargs):
+        if refused and not import_failures:
+            import_failures.append(1)
+            subs[run_b] = await submit_run(boot, run_b, kafka_warm.spec, kafka_warm.cases[:n], topics=topics)
+            await asyncio.sleep(2.0)  # b's messages are fetched meanwhile: they wait for this takeover
+            raise ConnectionError("changelog unreachable (test)")
+        return await real_import(*args, **kwargs)
+
+    monkeypatch.setattr(rebalance, "import_partitions", flaky_import)
+    async with running_worker(boot, kafka_warm.worker_db(tmp_path), prefix) as app:
+        store = app.store
+        append_prepared = store.append_prepared
+        feedbacks = [0]
+
+        def flaky_commit(batches, consumed=()):
+            seen = sum(1 for run, rows, _ in batches for e in rows if e.type == "feedback.recorded" and run == run_a)
+            if not refused and feedbacks[0] < 2 <= feedbacks[0] + seen:
+                refused.append(1)
+                raise RuntimeError("disk full (test)")
+            feedbacks[0] += seen
+            return append_prepared(batches, consumed)
+
+        store.append_prepared = flaky_commit
+        subs[run_a] = await submit_run(boot, run_a, kafka_warm.spec, kafka_warm.cases[:n], topics=topics)
+        await wait_until(lambda: run_b in subs, 60, "the restore to be attempted")
+        for run_id in (run_a, run_b):
+            client = EventStore(":memory:")
+            await follow_run(boot, subs[run_id], client, topics=topics, timeout=60)  # a dead letter raises RunFailed
+            assert client.fingerprint(run_id) == kafka_warm.fingerprint_upto(n)
+        await wait_until(lambda: completed_cases(store, run_b) == n, 60, "the runs to finish")
+        assert store.fingerprint(run_a) == store.fingerprint(run_b) == kafka_warm.fingerprint_upto(n)
+        stats = app.worker.stats
+        assert stats.takeover_failures == 1 and stats.dead_letters == 0 and stats.failed == 0
+    assert await _read_all(boot, topics.dead_letter) == []
+
+
+async def test_the_worker_signs_the_head_of_a_run_it_completes(kafka_broker, kafka_warm, tmp_path):
+    """With a signing key configured (GRANDROUNDS_SIGNING_KEY or --key-file), the worker signs a completed
+    run's head as the embedded runner does; `verify --key-file` then checks it against the log."""
+    from grandrounds.store.signing import SigningKey, check_head
+
+    key = SigningKey(b"k" * 32, "test")
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    topics = Topics(prefix)
+    n = 2
+    async with running_worker(boot, kafka_warm.worker_db(tmp_path), prefix, signing_key=key) as app:
+        store = app.store
+        await submit_run(boot, "run-s", kafka_warm.spec, kafka_warm.cases[:n], topics=topics)
+        await wait_until(lambda: app.worker.stats.signed_heads == 1, 60, "the run's head signed")
+        assert store.fingerprint("run-s") == kafka_warm.fingerprint_upto(n)
+        assert check_head(store, "run-s", key).status == "valid"
+        assert check_head(store, "run-s", SigningKey(b"x" * 32, "other")).status != "valid"
