@@ -17,6 +17,11 @@ clinical claim.
         --db /tmp/realbench.duckdb [--limit-train N] [--limit-test N] [--policies none,precedent,evo-medagent] \\
         [--modes online,frozen] [--json OUT.json]
     python benchmarks/bench_real_model.py --collect-replies OUT.json --base-url ... --model ... [--limit-test N]
+    python benchmarks/bench_real_model.py --render benchmarks/results/real_model.json [--check]
+
+`--render` writes the table of a recorded result file into README.md between
+`<!-- bench:real-model -->` and `<!-- /bench -->` (`--check`: exit 1 if the README differs), so
+the README's numbers are the recorded ones (tests/test_readme_bench.py checks them).
 """
 
 from __future__ import annotations
@@ -110,6 +115,33 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+README = ROOT / "README.md"
+BEGIN, END = "<!-- bench:real-model -->", "<!-- /bench -->"
+
+
+def render_readme(result: Path, check: bool, readme: Path = README) -> int:
+    """README.md's block between the markers := the table of `result` (recorded rows + meta)."""
+    doc = json.loads(result.read_text())
+    rows, meta = (doc["rows"], doc.get("meta", {})) if isinstance(doc, dict) else (doc, {})
+    lines = [table(rows)]
+    if meta:
+        lines.append("")
+        lines += [f"{k}: {v}" for k, v in meta.items()]
+    block = f"{BEGIN}\n" + "\n".join(lines) + f"\n{END}"
+    text = readme.read_text()
+    start, stop = text.index(BEGIN), text.index(END) + len(END)
+    new = text[:start] + block + text[stop:]
+    if check:
+        if new != text:
+            print(f"README.md's {BEGIN} block differs from {result}; run --render {result}", file=sys.stderr)
+            return 1
+        return 0
+    tmp = readme.with_suffix(".md.tmp")
+    tmp.write_text(new)
+    os.replace(tmp, readme)
+    return 0
+
+
 def collect_replies(base_url: str, model: str, test: Path, out: Path) -> None:
     """Text-protocol final-step replies of the real model, for the alignment fixture
     (tests/fixtures/local_model_replies.json; a person adds `chosen` to each)."""
@@ -146,8 +178,10 @@ def write_json(path: Path, rows: list[dict]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base-url", required=True)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--base-url")
+    ap.add_argument("--model")
+    ap.add_argument("--render", type=Path, default=None, help="write this result file's table into README.md")
+    ap.add_argument("--check", action="store_true", help="with --render: exit 1 if README.md differs")
     ap.add_argument("--db", default=None)
     ap.add_argument("--train", type=Path, default=TRAIN)
     ap.add_argument("--test", type=Path, default=TEST)
@@ -160,6 +194,10 @@ def main() -> int:
     ap.add_argument("--json", dest="json_out", type=Path, default=None)
     ap.add_argument("--collect-replies", type=Path, default=None)
     a = ap.parse_args()
+    if a.render:
+        return render_readme(a.render, a.check)
+    if not (a.base_url and a.model):
+        ap.error("--base-url and --model are required to run the benchmark")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         train, test = head(a.train, a.limit_train, tmp), head(a.test, a.limit_test, tmp)

@@ -61,9 +61,10 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
         try:
             return await runner.run(cases, on_case=on_case)
         finally:
-            close = getattr(ctx.backbone, "aclose", None)
-            if close is not None:  # the model client's connections belong to this event loop
-                await close()
+            for owner in (ctx.backbone, environment):
+                close = getattr(owner, "aclose", None)
+                if close is not None:  # model clients' connections (a separate judge's too) belong to this loop
+                    await close()
 
     try:
         with single_threaded_blas():

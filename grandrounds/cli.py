@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from contextlib import nullcontext
+from functools import partial
 
 import click
 
@@ -38,8 +39,10 @@ from grandrounds.output import render_run
                    "json_schema, then decode each turn against a schema of its legal moves where it does (schema), "
                    "else the <reasoning>/<tool>/<response> text protocol (text). Recorded in run.started.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Cases in flight; 0 = strict order (the embedded runner is always strict).")
+@click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0), metavar="K",
+              help="Cases in flight: case i acts on the memory as of case i-1-K (its learning stages still run "
+                   "in case order); with a model backbone up to K+1 cases wait on the model at once. 0 = strict "
+                   "order. Recorded in run.started; the bytes depend on K, never on timing. Embedded runner only.")
 @click.option("--broker", default="memory", show_default=True, help="memory (embedded) or kafka://HOST:PORT.")
 @click.option("--sim-tool", "sim_tools", multiple=True, metavar="NAME=RELIABILITY",
               help="Offer a simulated tool of fixed reliability (repeatable; sim backbone).")
@@ -80,6 +83,11 @@ from grandrounds.output import render_run
               help="medagentbench / agentclinic: only the first N tasks or cases (after --task-type).")
 @click.option("--max-turns", default=None, type=click.IntRange(min=1),
               help="agentclinic: doctor turns per case (default 20, AgentClinic's).")
+@click.option("--judge-model", default=None,
+              help="agentclinic (openai/record): a separate moderator model (AgentClinic's moderator_llm) asked the "
+                   "official Yes/No question; recorded with the run (stage judge). Default: the run's --model.")
+@click.option("--judge-base-url", default=None, metavar="URL",
+              help="agentclinic: the --judge-model's endpoint (default: the run's --base-url).")
 @click.option("--key-file", default=None, metavar="PATH",
               help="Sign the run's head with this key (HMAC-SHA256); default: $GRANDROUNDS_SIGNING_KEY if set. "
                    "The key is never written to the database.")
@@ -87,7 +95,8 @@ from grandrounds.output import render_run
 def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_attempts, record_from, record_db,
         live_fallthrough, max_steps, summary_every, actions, seed, lag, broker, sim_tools, commit, commit_every, commit_ms,
         ablations, memory_from, memory_db, keep_learning,
-        env, funcs, patients, fhir_base, task_types, fhir_protocol, max_rounds, limit, max_turns, key_file, as_json):
+        env, funcs, patients, fhir_base, task_types, fhir_protocol, max_rounds, limit, max_turns, judge_model,
+        judge_base_url, key_file, as_json):
     """Stream CASES.jsonl through retrieve → act → feedback → reflect → govern.
 
     With --env medagentbench, TASKS.json holds MedAgentBench FHIR tasks: a local FHIR sandbox serving
@@ -112,6 +121,9 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
         record_db = db_file(record_db) if record_db else None
         memory_db = db_file(memory_db) if memory_db else None
         pol = with_ablations(load_policy(policy), list(ablations))
+        if lag and broker != "memory":
+            raise ValueError(f"--lag {lag}: the Kafka worker runs cases strictly in order; a lagged run "
+                             "(memory pinned k cases back) runs on the embedded runner only (omit --broker)")
         if env == "medagentbench":
             setup = prepare_medagentbench(cases_file, funcs, patients, fhir_base, tuple(task_types), limit,
                                           pol.name, tuple(sim_tools), broker, fhir_protocol or "official",
@@ -121,8 +133,11 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
             from grandrounds.handlers.environments.osce_run import prepare_agentclinic
 
             setup = prepare_agentclinic(cases_file, max_turns, limit, pol.name, tuple(sim_tools), broker,
-                                        mab_options_given(funcs, patients, fhir_base, task_types, None))
+                                        mab_options_given(funcs, patients, fhir_base, task_types, None),
+                                        judge_model, judge_base_url)
             cases, source = setup.cases, setup.source
+        if env != "agentclinic" and (judge_model or judge_base_url):
+            raise ValueError("--judge-model, --judge-base-url: only with --env agentclinic (AgentClinic OSCE cases)")
         if env != "medagentbench" and (fhir_protocol or max_rounds):
             raise ValueError("--protocol, --max-rounds: only with --env medagentbench (MedAgentBench FHIR tasks)")
         if env not in ("medagentbench", "agentclinic"):
@@ -137,6 +152,9 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
             cases, source = load_cases(cases_file)
         choice = choose_backbone(backbone, model, base_url, record_from, live_fallthrough, max_steps,
                                  summary_every, actions if env == "cases" else "text", timeout)
+        if judge_model and choice.name == "sim":
+            raise ValueError("--judge-model: the sim backbone grades by string match; a judge model needs "
+                             "--backbone openai (or record)")
         if memory_db and not memory_from:
             raise ValueError("--memory-db needs --memory-from RUN")
         if memory_from and not keep_learning and "writing" in type(pol).model_fields:
@@ -208,6 +226,10 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
 
             try:
                 with setup.environment() if setup else nullcontext() as environment:  # sandbox: up for the run
+                    if judge_base_url and environment is not None:  # a judge served elsewhere (live runs only)
+                        from grandrounds.handlers.backbones.build import live_transport
+
+                        environment.judge_transport = partial(live_transport, judge_base_url, None, timeout)
                     outcome = run_cases(store, cases, run_spec, run_id=run_id, commit=commit, on_case=on_case,
                                         group=GroupCommit(cases=commit_every, ms=commit_ms),
                                         backbone_options=choice.options, seeded=seeded[1] if seeded else None,
@@ -245,8 +267,6 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
     if memory_from:
         frozen = "frozen" if not keep_learning else "still learning"
         notes.append(f"memory from run {memory_from} ({frozen})")
-    if lag:
-        notes.append(f"--lag {lag} is recorded with the run, but cases were processed strictly in order")
     if as_json:
         summary = dict(summary, db=db, notes=notes)
         click.echo(json.dumps(summary))

@@ -197,7 +197,7 @@ def worker(broker, db, group, name, topic_prefix, partitions, replication_factor
 @click.option("--model", default=None, help="Model name for the openai backbone.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Recorded in the run; the Kafka worker processes cases strictly in order.")
+              help="Only 0 over Kafka: the worker runs cases strictly in order (a lagged run: `grandrounds run --lag`).")
 @click.option("--sim-tool", "sim_tools", multiple=True, metavar="NAME=RELIABILITY",
               help="Offer a simulated tool of fixed reliability (repeatable; sim backbone).")
 @click.option("--topic-prefix", default="grandrounds.", show_default=True, help=_PREFIX_HELP)
@@ -213,6 +213,9 @@ def submit(cases_file, broker, run_id, policy, backbone, model, seed, lag, sim_t
 
     bootstrap = _bootstrap(broker, as_json)
     try:
+        if lag:
+            raise ValueError(f"--lag {lag}: the Kafka worker runs cases strictly in order; a lagged run (memory "
+                             "pinned k cases back) runs on the embedded runner only (grandrounds run --lag)")
         cases, source = load_cases(cases_file)
         pol = load_policy(policy)
         tools = dict(parse_tool_spec(s) for s in sim_tools)

@@ -66,6 +66,8 @@ class RunContext:
     writer: EventWriter
     seed: int
     tools: dict[str, float] = field(default_factory=dict)
+    lag: int = 0
+    """The run's `lag` (run.started): case i reads memory as of the end of case i-1-lag (streams/lag.py)."""
     environment: Any = None
     """The tool-task environment act and feedback use (`handlers.environments.base.Environment`), built
     by the composition root for the run; None for MCQ runs, whose simulated tools are `tools`."""

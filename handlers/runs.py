@@ -142,5 +142,5 @@ def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCach
             writer.emit(seeded)
         writer.flush()
     ctx = RunContext(run_id=run_id, policy=spec.policy, backbone=backbone, projection=proj, writer=writer,
-                     seed=spec.seed, tools=dict(spec.tools))
+                     seed=spec.seed, tools=dict(spec.tools), lag=spec.lag)
     return ctx, opened.how

@@ -176,3 +176,34 @@ def _load(store: EventStore, run_id: str, data: bytes, seq: int, chain: str) -> 
         return f"checkpoint at seq {seq} holds a projection of another point of the log"
     proj._cache = None
     return proj
+
+
+def copy_projection(proj: MemoryProjection) -> MemoryProjection:
+    """An independent copy of the projection (the checkpoint round trip, so exactly what a
+    checkpoint would restore), bound to the same embedding cache. `--lag` pins cases to copies."""
+    cache = proj._cache
+    copied = decode(encode(proj))
+    copied._cache = None
+    return copied.bind(cache) if cache is not None else copied
+
+
+def projections_at(store: EventStore, run_id: str, cache: EmbeddingCache, seqs: list[int],
+                   exact_limit: int = 4096) -> dict[int, MemoryProjection]:
+    """The run's projection as of each seq in `seqs` (after the event at that seq), in one fold of the
+    log: how a resumed `--lag` run gets back the memory versions its next cases are pinned to."""
+    wanted = sorted(set(seqs))
+    out: dict[int, MemoryProjection] = {}
+    if not wanted:
+        return out
+    proj = MemoryProjection(cache.embedder.dim, exact_limit=exact_limit).bind(cache)
+    pending = list(wanted)
+    for e in store.iter(run_id, upto_seq=wanted[-1]):
+        while pending and pending[0] < e.seq:  # the projection before this event
+            out[pending.pop(0)] = copy_projection(proj)
+        proj.apply(e.seq, e.decode())
+        proj.last_chain = e.chain
+        while pending and pending[0] == e.seq:
+            out[pending.pop(0)] = copy_projection(proj)
+    for seq in pending:  # past the log's head: nothing more to fold
+        out[seq] = copy_projection(proj)
+    return out

@@ -1,6 +1,7 @@
 """The embedded runner: drives the handlers in-process over a list of cases, no broker.
 
-Cases run strictly in order. When their events reach the file is the commit mode's choice;
+Cases run strictly in order, or with the run's `lag` k > 0 up to k+1 at once (streams/lag.py: case
+i acts on the memory as of case i-1-k; events still go to the log in case order). When their events reach the file is the commit mode's choice;
 which bytes they are never is (seqs are assigned at emit time, and the stages read the live
 projection, not the log), so every mode writes identical bytes:
 - `group` (default): a case's events stay buffered until `GroupCommit.cases` cases are
@@ -27,6 +28,7 @@ from grandrounds.handlers.context import RunContext
 from grandrounds.handlers.llm.errors import ModelOutage
 from grandrounds.handlers.pipeline import CaseProgress, case_progress, process_case
 from grandrounds.store.projection import save_checkpoint
+from grandrounds.streams.lag import LagPipeline
 
 Progress = Callable[[int, bool], None]  # (case index, correct)
 CommitMode = Literal["stage", "case", "group"]
@@ -89,31 +91,43 @@ class EmbeddedRunner:
         if start > len(cases):
             raise ValueError(f"run {ctx.run_id!r} has {start} completed cases, more than the {len(cases)} given")
         done_now = 0
-        for index in range(start, len(cases)):
-            case = cases[index]
-            progress: CaseProgress | None = None
-            if state.cases_received > state.cases_completed:  # a case was interrupted mid-way
-                progress = case_progress(ctx.writer.store, ctx.run_id, case.case_id)
-                if not progress.started:
-                    raise ValueError(f"run {ctx.run_id!r}: the interrupted case is not {case.case_id!r}; "
-                                     "resume it with the same case file")
-            boundary = len(ctx.writer.pending)
-            try:
-                completed = await process_case(ctx, case, index, progress, on_stage=self._flush_stage)
-            except ModelOutage:
-                # An outage is not a result: the cases finished before it are, so they are committed
-                # (a rerun must not call the model for them again); the interrupted case's events
-                # are dropped, and the same command resumes at it.
-                del ctx.writer.pending[boundary:]
-                self.flush()
-                raise
-            self._case_done()
-            done_now += 1
-            if on_case:
-                on_case(index, completed.correct)
-            if self.checkpoint_every and (index + 1) % self.checkpoint_every == 0:
-                self.flush()  # a checkpoint reflects committed events only
-                save_checkpoint(ctx.writer.store, ctx.run_id, ctx.projection)
+        lagged = LagPipeline(ctx, cases) if ctx.lag and start < len(cases) else None
+        try:
+            for index in range(start, len(cases)):
+                case = cases[index]
+                progress: CaseProgress | None = None
+                if state.cases_received > state.cases_completed:  # a case was interrupted mid-way
+                    progress = case_progress(ctx.writer.store, ctx.run_id, case.case_id)
+                    if not progress.started:
+                        raise ValueError(f"run {ctx.run_id!r}: the interrupted case is not {case.case_id!r}; "
+                                         "resume it with the same case file")
+                if lagged is not None and index == start:
+                    lagged.start(start, interrupted=progress is not None)
+                boundary = len(ctx.writer.pending)
+                try:
+                    if lagged is None:
+                        completed = await process_case(ctx, case, index, progress, on_stage=self._flush_stage)
+                    else:
+                        completed = await lagged.process(case, index, progress, on_stage=self._flush_stage)
+                except ModelOutage:
+                    # An outage is not a result: the cases finished before it are, so they are committed
+                    # (a rerun must not call the model for them again); the interrupted case's events
+                    # are dropped, and the same command resumes at it.
+                    del ctx.writer.pending[boundary:]
+                    self.flush()
+                    raise
+                if lagged is not None:
+                    lagged.case_done(index)
+                self._case_done()
+                done_now += 1
+                if on_case:
+                    on_case(index, completed.correct)
+                if self.checkpoint_every and (index + 1) % self.checkpoint_every == 0:
+                    self.flush()  # a checkpoint reflects committed events only
+                    save_checkpoint(ctx.writer.store, ctx.run_id, ctx.projection)
+        finally:
+            if lagged is not None:
+                await lagged.close()
         self.flush()
         if self.final_checkpoint:
             save_checkpoint(ctx.writer.store, ctx.run_id, ctx.projection)

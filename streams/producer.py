@@ -63,6 +63,9 @@ class Submitted:
 async def submit_run(bootstrap: str, run_id: str, spec: RunSpec, cases: Sequence[Case],
                      topics: Topics = Topics(), partitions: int = DEFAULT_PARTITIONS,
                      replication_factor: int | None = None) -> Submitted:
+    if spec.lag:  # the worker runs a case's stages strictly in order: it would write other bytes than `run --lag`
+        raise ValueError(f"lag {spec.lag}: a lagged run (memory pinned k cases back) runs on the embedded runner "
+                         "only; the Kafka worker runs cases strictly in order (lag 0)")
     n = await ensure_topics(bootstrap, topics, partitions, replication_factor)
     dlq = await _end_offsets(bootstrap, topics.dead_letter)
     broker = KafkaBroker(bootstrap, acks="all", enable_idempotence=True, client_id="grandrounds-submit",

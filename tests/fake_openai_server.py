@@ -16,6 +16,7 @@ preflight then sends a one-token chat, answered here without touching `script` o
 from __future__ import annotations
 
 import json
+import random
 import re
 import threading
 import time
@@ -41,9 +42,19 @@ class Fault:
 
 
 class FakeOpenAI:
-    def __init__(self, schema_supported: bool = True, models: list[str] | str | None = None):
+    def __init__(self, schema_supported: bool = True, models: list[str] | str | None = None,
+                 delay_s: float = 0.0, jitter_s: float = 0.0):
         self.schema_supported = schema_supported
         self.models = models
+        self.delay_s = delay_s
+        """Each chat request sleeps this long before it is answered (a slow model; requests are served
+        in parallel, one thread each, like a server with several slots)."""
+        self.jitter_s = jitter_s
+        """Plus a random 0..jitter_s (OS-seeded): concurrent replies come back in shuffled order."""
+        self._jitter = random.Random()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        """The most chat requests this server was answering at once."""
         self.pings = 0
         """Preflight one-token chats answered (not in `requests`)."""
         self.script: list[tuple[str, str]] = []
@@ -90,7 +101,17 @@ class FakeOpenAI:
                         fake.pings += 1
                     data = json.dumps(fake.completion(body, "ok")).encode()
                     return self._send(200, data)
-                status, payload, headers = fake.answer(self.path, body, self.headers.get("authorization", ""))
+                with fake._lock:
+                    fake.in_flight += 1
+                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                    pause = fake.delay_s + (fake._jitter.uniform(0, fake.jitter_s) if fake.jitter_s else 0.0)
+                try:
+                    if pause:
+                        time.sleep(pause)
+                    status, payload, headers = fake.answer(self.path, body, self.headers.get("authorization", ""))
+                finally:
+                    with fake._lock:
+                        fake.in_flight -= 1
                 if isinstance(payload, Fault):
                     return self._fault(payload.name)
                 self._send(status, json.dumps(payload).encode(), headers=headers)

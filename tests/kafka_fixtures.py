@@ -124,7 +124,7 @@ def kafka_warm(tmp_path_factory) -> WarmStore:
     db = d / "warm.duckdb"
     reference = {}
     with EventStore(db) as store:
-        for lag in (0, 1):
+        for lag in (0,):  # the worker runs lag 0 only (streams/lag.py is the embedded runner's)
             outcome = run_cases(store, cases, spec.model_copy(update={"lag": lag}), run_id=f"reference-lag{lag}")
             reference[lag] = outcome.summary
     warm = WarmStore(db, cases_file, cases, spec, reference)

@@ -167,3 +167,51 @@ def test_selsm_per_step_guidance_reaches_the_fhir_agent_and_the_record_backend_r
     code, rec = run_fhir(TASKS, db, *args, "--protocol", "react", "--backbone", "record", "--record-from", "sf", env=env)
     assert code == 0 and rec["fingerprint"] == out["fingerprint"], rec
 
+
+class SelsmOfficialFake(SelsmFhirFake):
+    """SELSM's step judge, and the agent in the official text protocol on task-1 templates."""
+
+    def _text(self, kind, messages, action):
+        if messages[0]["content"].startswith("You are the step-level judge"):
+            return super()._text(kind, messages, action)
+        prompt = messages[0]["content"]
+        base = re.search(r"you should use (\S+) as the api_base", prompt).group(1)
+        given, family, dob = re.search(r"name (\S+) (\S+) and DOB of (\d{4}-\d{2}-\d{2})", prompt).groups()
+        found = [re.search(r'"id": "(S\d+)"', m["content"]) for m in messages[1:] if m["role"] == "user"]
+        found = [f.group(1) for f in found if f]
+        return (f'FINISH(["{found[0]}"])' if found else
+                f"GET {base}Patient?given={given}&family={family}&birthdate={dob}")
+
+
+def test_selsm_per_step_guidance_reaches_the_official_protocol_agent(tmp_path):
+    """The official protocol (the default) shows SELSM's per-step guidance too: appended to the user message
+    each round is sent with, never kept in the conversation; the ids are recorded, and the record backend
+    re-serves the run."""
+    db = tmp_path / "selsm-official.duckdb"
+    policy = tmp_path / "selsm.toml"
+    policy.write_text('name = "selsm"\ntrain_samples = 1\nstate_threshold = 0.3\n')
+    env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
+    args = ["--policy", str(policy), "--task-type", "1", "--limit", "2"]
+    with SelsmOfficialFake() as server:
+        code, out = run_fhir(TASKS, db, *args, "--backbone", "openai", "--model", "fake-fhir",
+                             "--base-url", server.base_url, "--run-id", "so", env=env)
+    assert code == 0, out
+    assert out["correct"] == 2 and out["llm"]["calls"] == 6  # per task: GET, FINISH, the judge
+    acts = [r["messages"] for r in server.requests if "FINISH([answer1, answer2, ...])" in r["messages"][0]["content"]]
+    assert len(acts) == 4
+    assert all("## Guidance for this step" not in json.dumps(a) for a in acts[:2])  # nothing learnt yet
+    first, second = acts[2], acts[3]  # the second task's two rounds
+    assert len(first) == 1 and "## Guidance for this step" in first[0]["content"]
+    assert first[0]["content"].index("Question: ") < first[0]["content"].index("## Guidance for this step")
+    assert "GET Patient with given, family and birthdate" in first[0]["content"]
+    assert len(second) == 3 and "## Guidance for this step" in second[2]["content"]  # after the GET's answer
+    assert "## Guidance for this step" not in second[0]["content"]  # not kept in the conversation
+    with EventStore(str(db), read_only=True) as s:
+        events = s.read("so")
+    answers = {e.case_id: e.payload for e in events if e.type == "answer.given"}
+    memory_steps = [s["content"] for s in answers["mab-task1_2"]["steps"] if s["kind"] == "memory"]
+    assert len(memory_steps) == 2 and all(c.startswith("rec-00000.0.") for c in memory_steps)
+    assert answers["mab-task1_2"]["source"] == "llm:official"
+
+    code, rec = run_fhir(TASKS, db, *args, "--backbone", "record", "--record-from", "so", env=env)
+    assert code == 0 and rec["fingerprint"] == out["fingerprint"], rec

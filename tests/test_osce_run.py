@@ -203,3 +203,59 @@ def test_openai_path_records_doctor_patient_judge_and_reflection(cases, tmp_path
     assert rec["correct"] == live["correct"]
     replayed = [e.payload for e in _events(db, rec["run_id"]) if e.type == "answer.given"]
     assert replayed == answers
+
+
+class ModeratorFake(FakeOpenAI):
+    """A separate moderator model's server: answers AgentClinic's Yes/No question, and nothing else."""
+
+    def _text(self, kind, messages, action):
+        assert messages[0]["content"].startswith("You are responsible"), messages[0]["content"][:60]
+        return "No"
+
+
+def test_a_separate_judge_model_grades_and_is_recorded_and_verified(cases, tmp_path):
+    """`--judge-model` (+ `--judge-base-url`): AgentClinic's moderator_llm is a model of its own. Its verdict
+    decides `correct` (the doctor's server would say Yes, the moderator says No), its exchanges are recorded
+    under stage judge with its model's name, and verify serves them from the record."""
+    db = tmp_path / "judge.duckdb"
+    env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
+    with OsceFake() as doctor, ModeratorFake() as moderator:
+        code, out = _run(cases, db, "--limit", "2", "--backbone", "openai", "--model", "fake-doc",
+                         "--base-url", doctor.base_url, "--judge-model", "fake-moderator", "--judge-base-url",
+                         moderator.base_url, "--run-id", "judged", env=env)
+        to_doctor, to_moderator = list(doctor.requests), list(moderator.requests)
+    assert code == 0, out
+    assert out["correct"] == 0  # the moderator's No, not the run's model's Yes
+    assert not [r for r in to_doctor if r["messages"][0]["content"].startswith("You are responsible")]
+    assert len(to_moderator) == 2 and {r["model"] for r in to_moderator} == {"fake-moderator"}
+    events = _events(db, "judged")
+    judged = [e.payload for e in events if e.type == "llm.exchange" and e.payload["stage"] == "judge"]
+    assert [(j["model"], j["response"]) for j in judged] == [("fake-moderator", "No")] * 2
+    started = events[0]
+    assert started.meta["environment"]["judge_model"] == "fake-moderator"
+    code, ver = _invoke(["verify", "--db", str(db), "judged"])
+    assert code == 0 and ver["identical"], ver
+
+    # Without --judge-base-url the moderator model is asked at the run's endpoint, under its own name.
+    with OsceFake() as server:
+        code, same = _run(cases, tmp_path / "same.duckdb", "--limit", "1", "--backbone", "openai", "--model",
+                          "fake-doc", "--base-url", server.base_url, "--judge-model", "fake-moderator", env=env)
+        asked = [r["model"] for r in server.requests if r["messages"][0]["content"].startswith("You are responsible")]
+    assert code == 0 and asked == ["fake-moderator"], (same, asked)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--judge-model", "m"], "--judge-model: the sim backbone"),
+    (["--backbone", "openai", "--model", "x", "--base-url", "http://127.0.0.1:9", "--judge-base-url",
+      "http://127.0.0.1:9"], "--judge-base-url needs --judge-model"),
+])
+def test_judge_options_that_cannot_apply_exit_2(cases, tmp_path, args, needle):
+    code, out = _run(cases, tmp_path / "bad.duckdb", *args)
+    assert code == 2 and needle in out["error"], out
+
+
+def test_judge_model_without_agentclinic_is_refused(tmp_path):
+    from conftest import EXAMPLES
+
+    code, out = _invoke(["run", str(EXAMPLES), "--db", str(tmp_path / "x.duckdb"), "--judge-model", "m"])
+    assert code == 2 and "--judge-model" in out["error"]

@@ -10,7 +10,12 @@ Terminations, as the harness's statuses: `completed` (FINISH; its result is
 completed episode has a result, and only a result is graded.
 
 `memory_prefix` (optional) puts a memory policy's items before the official prompt, in the same
-user message, so a policy's gain is measured on the official protocol. The conversation is kept as
+user message, so a policy's gain is measured on the official protocol. `step_memory` (SELSM's per-step
+retrieval) is asked before every reply with the trajectory state (`agent_state`: the question, then each
+round's call and the harness's answer, as SELSM's judge rebuilds it from the recorded steps); its items
+are appended to the user message that round is sent with, under "## Guidance for this step", and are
+not kept in the conversation (as the tool-call loop re-renders its task each step), and their ids are
+recorded as a `memory` step. Without either, the messages are the official harness's, byte for byte. The conversation is kept as
 `AgentStep`s too (`reasoning`: the raw reply; `tool`: the executed call; `observation`: the harness's
 answer; `response`: the FINISH result), which is what a `grandrounds run` records and grades from.
 The SkeMex-protocol loop over the same tools is `fhir_react.run_fhir_agent`.
@@ -29,6 +34,7 @@ from grandrounds.handlers.environments.medagentbench.trajectory import Message
 from grandrounds.handlers.llm.errors import LLMUnavailable
 from grandrounds.handlers.llm.gateway import LLMGateway
 from grandrounds.handlers.llm.recorder import Recorder
+from grandrounds.handlers.policies.base import StepMemory, agent_state
 from grandrounds.store.event_types import AgentStep
 
 Termination = Literal["completed", "invalid_action", "limit_reached", "error"]
@@ -53,15 +59,25 @@ def official_prompt(view: FhirCaseView, api_base: str, functions_json: str, memo
 
 async def run_official_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirTools, recorder: Recorder,
                                   functions_json: str, max_rounds: int = OFFICIAL_MAX_ROUNDS,
-                                  memory_prefix: str = "") -> OfficialRun:
+                                  memory_prefix: str = "", step_memory: StepMemory | None = None) -> OfficialRun:
     """`functions_json`: the function specs as the harness shows them (json.dumps of funcs_v1.json)."""
+    from grandrounds.handlers.agent.react import step_guidance
+
     messages = [{"role": "user", "content": official_prompt(view, tools.public_base, functions_json, memory_prefix)}]
     history: list[Message] = []
     tools.trajectory.history = history
     run = OfficialRun("limit_reached")
+    transitions: list[tuple[str, str]] = []
     for rnd in range(1, max_rounds + 1):
+        sent = messages
+        if step_memory is not None:  # SELSM: retrieval before every reply, recorded by id
+            items = step_memory(agent_state(view.question, transitions))
+            run.steps.append(AgentStep(kind="memory", content=",".join(i.item_id for i in items)))
+            shown = step_guidance(items)
+            if shown:
+                sent = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + shown}]
         try:
-            reply = await gateway.complete(messages, recorder, f"fhir-round-{rnd}")
+            reply = await gateway.complete(sent, recorder, f"fhir-round-{rnd}")
         except LLMUnavailable as exc:
             run.status, run.error, run.rounds = "error", f"model unavailable at round {rnd}: {exc}", rnd - 1
             return run
@@ -84,9 +100,11 @@ async def run_official_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools
             observation = await tools.get_url(action.url)
         else:
             observation = tools.post_url(action.url, action.payload, action.payload_error)
-        # the environment replaces this with the call executed (`recorded_steps`)
-        run.steps.append(AgentStep(kind="tool", content="{}"))
+        # The call executed; the environment records it again at the public base (`recorded_steps`).
+        record = tools.trajectory.calls[-1].record()
+        run.steps.append(AgentStep(kind="tool", content=record))
         run.steps.append(AgentStep(kind="observation", content=observation))
+        transitions.append((f"call {record}", observation))  # as selsm.judge.decisions_of reads the round
         messages.append({"role": "user", "content": observation})
         history.append(Message("user", observation))
     return run

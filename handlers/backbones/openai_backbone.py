@@ -113,15 +113,15 @@ class OpenAIBackbone:
                        recorder: Recorder | None = None, step_memory=None) -> AnswerGiven:
         """A FHIR task through the environment's tools (`FhirTools`), with the run's memory before the
         task. The environment names the protocol: `official` (MedAgentBench's own text protocol and
-        prompt, memory in the same user message; per-step guidance is not injected: the official loop
-        has no place for it) or `react` (the SkeMex-style loop, with per-step guidance when the policy
-        has it)."""
+        prompt, memory in the same user message, per-step guidance appended to the message each round is
+        sent with) or `react` (the SkeMex-style loop); both show per-step guidance when the policy has it."""
         from grandrounds.handlers.agent.fhir_react import fhir_memory_block, run_fhir_agent
 
         if recorder is None:
             raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
         if getattr(tools, "protocol", "react") == "official":
-            return await act_fhir_official(self.gateway, view, tools, recorder, fhir_memory_block(memory.prefix))
+            return await act_fhir_official(self.gateway, view, tools, recorder, fhir_memory_block(memory.prefix),
+                                           step_memory)
         return await run_fhir_agent(self.gateway, view, tools, recorder, self.agent,
                                     memory_prefix=fhir_memory_block(memory.prefix), step_memory=step_memory)
 
@@ -173,7 +173,8 @@ class OpenAIBackbone:
         await self.gateway.aclose()
 
 
-async def act_fhir_official(gateway, view: FhirCaseView, tools, recorder: Recorder, memory_block: str) -> AnswerGiven:
+async def act_fhir_official(gateway, view: FhirCaseView, tools, recorder: Recorder, memory_block: str,
+                            step_memory=None) -> AnswerGiven:
     """One MedAgentBench episode in the official protocol. FINISH is the answer (source `llm:official`,
     whose steps hold the conversation grading reads); an invalid action, the round limit or an
     unreachable model end the episode without a result, a `CaseFailure` typed accordingly."""
@@ -181,7 +182,7 @@ async def act_fhir_official(gateway, view: FhirCaseView, tools, recorder: Record
     from grandrounds.handlers.environments.medagentbench.environment import OFFICIAL_SOURCE
 
     run = await run_official_fhir_agent(gateway, view, tools, recorder, tools.functions_json, tools.max_rounds,
-                                        memory_prefix=memory_block)
+                                        memory_prefix=memory_block, step_memory=step_memory)
     if run.status == "completed":
         return AnswerGiven(answer=run.result, source=OFFICIAL_SOURCE, steps=run.steps)
     reason = {"invalid_action": f"invalid action at round {run.rounds}: the reply starts with none of GET, POST, "

@@ -34,9 +34,16 @@ class OsceEnvironmentRecord(BaseModel):
     """The AgentClinic case file: its whole diagnosis vocabulary is the sim doctor's differential."""
     max_turns: int = Field(ge=1)
     """Doctor turns per case (AgentClinic's default 20)."""
+    judge_model: str | None = None
+    """A separate moderator model (AgentClinic's `moderator_llm`, `--judge-model`) asked the official Yes/No
+    question; None: the run's own model judges. Part of what the run is (its verdicts decide `correct`),
+    so it is in the identity; where it is served from (`--judge-base-url`) is not."""
 
     def identity(self) -> dict[str, Any]:
-        return {"environment": self.name, "cases_file": self.cases.sha256, "max_turns": self.max_turns}
+        out = {"environment": self.name, "cases_file": self.cases.sha256, "max_turns": self.max_turns}
+        if self.judge_model is not None:  # runs without one keep the source they always had
+            out["judge_model"] = self.judge_model
+        return out
 
     def source(self, cases: list[BaseModel]) -> str:
         """`RunSpec.source`: another case selection, file or turn budget is a different run."""
@@ -44,7 +51,7 @@ class OsceEnvironmentRecord(BaseModel):
                              **self.identity()})
 
     def meta(self) -> dict[str, Any]:
-        return {META_KEY: self.model_dump(mode="json")}
+        return {META_KEY: self.model_dump(mode="json", exclude_none=True)}
 
     def refs(self) -> tuple[FileRef, ...]:
         return (self.cases,)
@@ -80,6 +87,34 @@ class OsceEnvironment:
         self.record = record
         self.vocabulary = vocabulary
         self.max_turns = record.max_turns
+        self.judge_transport = None
+        """Builds the transport of a live judge model served elsewhere than the run's model (`--judge-base-url`;
+        set by the composition root); None: the judge is reached through the run's own transport (its
+        endpoint live; its recorded exchanges in a record run or `grandrounds verify`, served by request
+        hash, the judge's model included)."""
+        self._judge = None
+        self._own_transport = None
+
+    def judge_gateway(self, run_gateway):
+        """The gateway the moderator is asked through: the run's own when no separate judge model is named,
+        else one for `record.judge_model` (temperature 0, the run's retry policy), built once per run."""
+        if self.record.judge_model is None or run_gateway is None:
+            return run_gateway
+        if self._judge is None:
+            from grandrounds.handlers.llm.gateway import LLMGateway
+
+            transport = run_gateway.transport
+            if self.judge_transport is not None and not _serves_record(transport):
+                transport = self._own_transport = self.judge_transport()
+            self._judge = LLMGateway(transport, self.record.judge_model, params={"temperature": 0.0},
+                                     retry=run_gateway.retry)
+        return self._judge
+
+    async def aclose(self) -> None:
+        """Close the judge's own connections (the run's transport is the backbone's to close)."""
+        if self._own_transport is not None:
+            await self._own_transport.aclose()
+            self._own_transport = None
 
     def tools_for(self, case: OsceCase) -> OsceTools:
         return OsceTools(case, list(case.options) or self.vocabulary, self.max_turns)
@@ -89,6 +124,12 @@ class OsceEnvironment:
 
     def recorded_steps(self, steps: list[AgentStep], tools: OsceTools) -> list[AgentStep]:
         return steps
+
+
+def _serves_record(transport) -> bool:
+    from grandrounds.handlers.llm.record import RecordedTransport
+
+    return isinstance(transport, RecordedTransport)
 
 
 @contextmanager
@@ -152,13 +193,16 @@ async def run_osce_act(view, memory, tools: OsceTools, gateway=None, recorder=No
 
 
 async def judge_answer(ctx, case: OsceCase, answer: AnswerGiven):
-    """The grader's `Judgement`: the LLM judge through the run's model (recorded, stage `judge`) when
-    the backbone has one, else (sim) the normalised string match."""
+    """The grader's `Judgement`: the LLM judge (recorded, stage `judge`) when the backbone has a model — the
+    separate `--judge-model` when the run names one, else the run's own — else (sim) the normalised string
+    match."""
     from grandrounds.handlers.backbones.base import records_exchanges
     from grandrounds.handlers.environments.osce_grading import judge
     from grandrounds.handlers.llm.recorder import stage_recorder
 
     gateway = getattr(ctx.backbone, "gateway", None) if records_exchanges(ctx.backbone) else None
+    if gateway is not None and ctx.environment is not None:
+        gateway = ctx.environment.judge_gateway(gateway)  # a separate moderator model when the run names one
     recorder = stage_recorder(ctx.writer, case.case_id, "judge") if gateway is not None else None
     mode = getattr(ctx.backbone, "structured_mode", "auto")
     said = next((s.content for s in reversed(answer.steps) if s.kind == "response"), None)

@@ -26,7 +26,8 @@ def _open(record: OsceEnvironmentRecord):
 
 
 def prepare_agentclinic(cases_file: str, max_turns: int | None, limit: int | None, policy_name: str,
-                        sim_tools: tuple[str, ...], broker: str, mab_given: list[str]) -> EnvRunSetup:
+                        sim_tools: tuple[str, ...], broker: str, mab_given: list[str], judge_model: str | None = None,
+                        judge_base_url: str | None = None) -> EnvRunSetup:
     """Everything checked before a run starts; ValueError / CaseFileError name the problem (exit 2)."""
     from grandrounds.handlers.environments.agentclinic_osce import load_osce_cases
     from grandrounds.handlers.environments.base import FileRef
@@ -41,6 +42,8 @@ def prepare_agentclinic(cases_file: str, max_turns: int | None, limit: int | Non
     if broker != "memory":
         raise ValueError("--env agentclinic runs on the embedded runner only (omit --broker): the Kafka "
                          "message contract carries MCQ cases")
+    if judge_base_url and not judge_model:
+        raise ValueError("--judge-base-url needs --judge-model")
     cases = load_osce_cases(cases_file, limit)
-    record = OsceEnvironmentRecord(cases=FileRef.of(cases_file), max_turns=max_turns or 20)
+    record = OsceEnvironmentRecord(cases=FileRef.of(cases_file), max_turns=max_turns or 20, judge_model=judge_model)
     return EnvRunSetup(cases, record, _open)

@@ -107,6 +107,9 @@ class LLMGateway:
                 failure = f
             latency_ms = round((time.perf_counter() - t0) * 1000, 3)
             served = getattr(self.transport, "last_served", self.transport.served)
+            fetched_ms = getattr(self.transport, "last_latency_ms", None)
+            if fetched_ms is not None:  # fetched ahead (--lag): the model's latency then, not the serving's
+                latency_ms = fetched_ms
             # `attempt` is 1 in every event: the event is the attempt that counted; infrastructure
             # retries before it live in its meta, so they cannot change the fingerprint.
             common = dict(stage=recorder.stage, purpose=purpose, request_hash=h, model=self.model,

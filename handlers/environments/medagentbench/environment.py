@@ -82,12 +82,7 @@ class MedAgentBenchEnvironment:
 
     def call_record(self, call: FhirCall, name: str | None) -> str:
         """One executed call as a `tool` step: canonical JSON at the public base."""
-        data: dict = {"method": call.method, "url": self.public(call.url), "accepted": call.accepted}
-        if name:
-            data["name"] = name
-        if call.method == "POST":
-            data["payload"] = call.payload
-        return json.dumps(data, sort_keys=True)
+        return call.record(name, self.public(call.url))
 
     def recorded_steps(self, steps: list[AgentStep], tools: FhirTools) -> list[AgentStep]:
         """Pair the i-th `tool` step with the i-th executed call (each tool turn executes exactly one)."""

@@ -24,6 +24,16 @@ class FhirCall:
     accepted: bool = True
     """POST: the harness's "POST request accepted" (its payload parsed as JSON); GET: HTTP 200."""
 
+    def record(self, name: str | None = None, url: str | None = None) -> str:
+        """The call as a recorded `tool` step: canonical JSON (`url`: the URL as recorded, default the
+        call's own; `name`: the function, for the tool-call protocol)."""
+        data: dict = {"method": self.method, "url": self.url if url is None else url, "accepted": self.accepted}
+        if name:
+            data["name"] = name
+        if self.method == "POST":
+            data["payload"] = self.payload
+        return json.dumps(data, sort_keys=True)
+
 
 @dataclass(frozen=True)
 class Message:

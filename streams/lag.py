@@ -1,0 +1,189 @@
+"""`--lag k`: up to k+1 cases in flight, deterministically (DESIGN §3).
+
+What a case sees. Case i *acts* on the memory as of the end of case i-1-k: its retrieve and act
+stages (the memory shown to the agent, per-step retrieval included) read a copy of the memory
+pinned at that version. Its feedback, reflect and govern stages *learn* in case order, on the live
+memory (as of the end of case i-1), exactly as with k = 0, so two cases never write memory from
+the same stale state (item ids stay unique, no update is lost). With k = 0 this is the strict
+order: the pinned version is the live one.
+
+Why it is deterministic. Every case's events are emitted in case order by the in-order pass
+below, each case's contiguously, as with k = 0; what they hold depends on the case, the pinned
+version (a function of k and the log, never of timing) and the model's replies. `lag` is in
+`run.started`, so a resume, a replay or `verify` pins the same versions (a resume rebuilds them
+from the log: `store.projection.projections_at`).
+
+Where the time goes. With a live model backbone each case is executed twice over its pinned
+memory: ahead of its turn (as soon as its version exists, concurrently with the k cases before
+it, writing nothing; `handlers/llm/prefetch.py` keeps the replies), then in order, for real, served
+from those replies. So up to k+1 cases' agent turns wait on the model at once. The ahead pass also
+speculates feedback and reflection over the pinned memory: a reply is served in order only to the
+very same request, so a reflection whose prompt reads the live memory is simply asked again, live.
+With `sim` or a recorded backbone there is nothing to wait on, and only the pinning applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import logging
+from typing import Awaitable, Callable, Sequence
+
+from grandrounds.handlers.cases import Case
+from grandrounds.handlers.context import EventWriter, RunContext
+from grandrounds.handlers.deidentify import Deidentifier
+from grandrounds.handlers.llm.errors import ModelOutage
+from grandrounds.handlers.llm.prefetch import PrefetchTransport
+from grandrounds.handlers.pipeline import CaseProgress, next_stage, run_stage
+from grandrounds.store import event_types as ev
+from grandrounds.store.projection import MemoryProjection, copy_projection, projections_at
+
+log = logging.getLogger("grandrounds.lag")
+
+PINNED_STAGES = ("retrieve", "act")
+"""The stages that read the pinned memory version; the others learn on the live memory, in order."""
+AHEAD_STAGES = ("retrieve", "act", "feedback", "reflect")
+"""What the ahead pass runs (over the pinned memory, writing nothing). feedback and reflect are
+speculation: their replies are served only where the in-order pass, on the live memory, sends the
+very same request (a reflection prompt built from what the case was shown, say); else it asks live."""
+
+StageDone = Callable[[str], Awaitable[None]]
+
+
+class ScratchWriter(EventWriter):
+    """The ahead pass's writer: hands out seqs, keeps nothing, changes no projection. Its own
+    de-identifier sees the case's `case.received`, so retrieval queries are scrubbed as in order."""
+
+    def __init__(self, store, run_id: str, projection: MemoryProjection, directory):
+        super().__init__(store, run_id, projection)
+        self.deidentifier = Deidentifier(store, run_id, directory)
+        self._emitted = 0
+
+    def emit(self, payload, case_id=None, causation_seq=None, meta=None) -> int:
+        self.deidentifier.observe(payload, case_id)
+        self._emitted += 1
+        return self.committed_seq + self._emitted
+
+    def flush(self, consumed=None):
+        return []
+
+
+def _wire_prefetch(backbone):
+    """(PrefetchTransport, backbone for the ahead pass), or (None, None) when the backbone has no live
+    model to wait on (sim, a recorded run)."""
+    gateway = getattr(backbone, "gateway", None)
+    transport = getattr(gateway, "transport", None)
+    if transport is None or getattr(transport, "served", None) != "live":
+        return None, None
+    if not isinstance(transport, PrefetchTransport):
+        transport = PrefetchTransport(transport)
+        gateway.transport = transport
+    ahead = copy.copy(backbone)
+    ahead.gateway = dataclasses.replace(gateway, transport=transport.ahead)
+    return transport, ahead
+
+
+class LagPipeline:
+    """Pins each case to its memory version and runs it ahead; the runner drives it in case order."""
+
+    def __init__(self, ctx: RunContext, cases: Sequence[Case]):
+        if ctx.lag < 1:
+            raise ValueError("a lag pipeline needs lag >= 1")
+        self.ctx = ctx
+        self.cases = cases
+        self.lag = ctx.lag
+        self.pinned: dict[int, MemoryProjection] = {}
+        self.ahead: dict[int, asyncio.Task] = {}
+        self.prefetch, self.ahead_backbone = _wire_prefetch(ctx.backbone)
+        self.ahead_failures: list[str] = []
+        """Cases whose ahead pass stopped on an error other than an outage (they ran live, in order)."""
+
+    def start(self, start: int, interrupted: bool) -> None:
+        """Pin cases start .. start+lag (their versions are all in the log or live now) and send them
+        ahead; `interrupted`: case `start` is half done (it is finished in order, not sent ahead)."""
+        ctx = self.ctx
+        wanted = {i: self._version_seq(i - 1 - self.lag, start) for i in range(start, min(start + self.lag + 1,
+                                                                                         len(self.cases)))}
+        live = ctx.projection.seq
+        folded = projections_at(ctx.writer.store, ctx.run_id, ctx.projection._cache,
+                                [s for s in wanted.values() if s != live], ctx.projection.exact_limit)
+        for i, seq in wanted.items():
+            self.pinned[i] = copy_projection(ctx.projection) if seq == live else folded[seq]
+            if not (interrupted and i == start):
+                self._send_ahead(i)
+
+    def _version_seq(self, j: int, start: int) -> int:
+        """The seq memory version "end of case j" ends at (j < 0: before the first case), from the log."""
+        store, run_id = self.ctx.writer.store, self.ctx.run_id
+        if j >= 0:
+            for e in store.iter(run_id, types=[ev.CaseCompleted.event_type]):
+                if e.decode().index == j:
+                    return e.seq
+            raise ValueError(f"run {run_id!r}: case {j} is not completed in the log")
+        for e in store.iter(run_id, types=[ev.CaseReceived.event_type]):
+            return e.seq - 1
+        return self.ctx.projection.seq
+
+    def case_done(self, index: int) -> None:
+        """Case `index` has emitted all its events: its end is the version case index+1+lag reads."""
+        nxt = index + 1 + self.lag
+        if nxt < len(self.cases):
+            self.pinned[nxt] = copy_projection(self.ctx.projection)
+            self._send_ahead(nxt)
+
+    def _send_ahead(self, index: int) -> None:
+        if self.prefetch is not None:
+            self.ahead[index] = asyncio.ensure_future(self._run_ahead(index))
+
+    async def _run_ahead(self, index: int) -> None:
+        ctx, case, pinned = self.ctx, self.cases[index], self.pinned[index]
+        scratch = RunContext(run_id=ctx.run_id, policy=ctx.policy, backbone=self.ahead_backbone, projection=pinned,
+                             writer=ScratchWriter(ctx.writer.store, ctx.run_id, pinned, ctx._patient_directory),
+                             seed=ctx.seed,
+                             tools=dict(ctx.tools), lag=ctx.lag, environment=ctx.environment)
+        progress = CaseProgress()
+        try:
+            while (stage := next_stage(progress)) in AHEAD_STAGES:
+                await run_stage(scratch, case, index, progress, stage)
+        except ModelOutage:
+            return None  # the in-order pass meets it too, and raises it there, naming its case
+        except Exception as exc:  # noqa: BLE001 - the in-order pass is authoritative: it meets the same
+            # failure or fetches live what is missing; said, so a broken ahead pass is not silently slow
+            self.ahead_failures.append(f"{case.case_id}: {exc!r}")
+            log.warning("--lag: case %s could not run ahead (%r); it runs in order, live", case.case_id, exc)
+
+    async def process(self, case: Case, index: int, progress: CaseProgress | None, on_stage: StageDone):
+        """Case `index` in order: retrieve and act on its pinned memory, the rest on the live memory."""
+        ahead = self.ahead.pop(index, None)
+        if ahead is not None:
+            await ahead  # its replies are what this pass is served
+        pinned = self.pinned.pop(index)
+        ctx = self.ctx
+        p = progress or CaseProgress()
+        try:
+            while (stage := next_stage(p)) is not None:
+                if stage in PINNED_STAGES:
+                    live, ctx.projection = ctx.projection, pinned
+                    try:
+                        await run_stage(ctx, case, index, p, stage)  # its events still go to the live log
+                    finally:
+                        ctx.projection = live
+                else:
+                    await run_stage(ctx, case, index, p, stage)
+                await on_stage(stage)
+        finally:
+            if self.prefetch is not None:
+                self.prefetch.forget(case.case_id)
+        return p.completed
+
+    async def close(self) -> None:
+        """Stop what is still running ahead (a run that stopped early: an outage, an error)."""
+        for task in self.ahead.values():
+            task.cancel()
+        for task in self.ahead.values():
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self.ahead.clear()
