@@ -338,6 +338,7 @@ main.add_command(policies)
 
 from grandrounds import cli_replay  # noqa: E402,F401
 from grandrounds import cli_kafka  # noqa: E402,F401
+from grandrounds import cli_privacy  # noqa: E402,F401
 from grandrounds.cli_agentclinic import agentclinic  # noqa: E402
 main.add_command(agentclinic)
 from grandrounds.cli_model import model as model_group  # noqa: E402

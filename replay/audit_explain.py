@@ -12,6 +12,7 @@ from grandrounds.replay.audit_common import case_indexes, resolve_case, short
 from grandrounds.replay.caselog import require_spec
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.read_model import EventLog
+from grandrounds.store.sealing import ERASED, is_erased_case
 
 CHANGE_TYPES = ("episode.stored", "rule.added", "rule.edited", "rule.priority_changed", "rule.retired",
                 "tool.label_changed")
@@ -100,7 +101,9 @@ def explain(store: EventStore, run_id: str, case_ref: str) -> dict:
             if origin:
                 src = store.read(run_id, case_id=origin, types=["case.received"])
                 if src:
-                    followed["from_case_question"] = src[0].payload["case"]["question"]
+                    origin_case = src[0].payload["case"]  # the erased stand-in once that subject is erased
+                    followed["from_case_question"] = (origin_case.get("question") or origin_case.get("instruction")
+                                                      or ERASED)
     elif kind == "tool":
         followed = {"kind": "tool", "id": item_id}
 
@@ -113,6 +116,7 @@ def explain(store: EventStore, run_id: str, case_ref: str) -> dict:
         "case_id": case_id,
         "case_index": index,
         "case": case,
+        "content_erased": is_erased_case(case),
         "seqs": [events[0].seq, events[-1].seq] if events else None,
         "memory_seq": memory.get("memory_seq"),
         "retrieved": {"rules": retrieved_rules, "episodes": retrieved_episodes,

@@ -31,9 +31,28 @@ class NotReplayable(UnknownRun):
     """The run cannot be replayed as asked (bad input: exit code 2)."""
 
 
+class ErasedCases(NotReplayable):
+    """Cases of the run were erased (`grandrounds erase`): their content is gone, they cannot be re-executed."""
+
+    def __init__(self, run_id: str, cases: list[str]):
+        self.cases = cases
+        shown = ", ".join(cases[:10]) + (" …" if len(cases) > 10 else "")
+        super().__init__(f"run {run_id!r}: the content of {len(cases)} case(s) was erased and can no longer be "
+                         f"re-executed: {shown}")
+
+
+def _require_readable(store: EventStore, run_id: str) -> None:
+    from grandrounds.store.erasure import erased_cases
+
+    erased = erased_cases(store, run_id)
+    if erased:
+        raise ErasedCases(run_id, erased)
+
+
 def case_log(store: EventStore, run_id: str) -> list[Case | FhirCase]:
     """The cases of a run in the order it received them. FHIR tasks (`FhirCase`) need the run's
     environment to be re-executed: `replay.environment` rebuilds it from the `run.started` meta."""
+    _require_readable(store, run_id)
     cases: list[Case | FhirCase] = []
     for e in store.iter(run_id, types=[CaseReceived.event_type]):
         received = e.decode()

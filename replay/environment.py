@@ -45,6 +45,9 @@ def recorded_environment(store: EventStore, run_id: str,
 
 def fhir_case_log(store: EventStore, run_id: str) -> list[FhirCase]:
     """The tool tasks of a run (FHIR tasks; AgentClinic OSCE cases) in the order it received them."""
+    from grandrounds.replay.caselog import _require_readable
+
+    _require_readable(store, run_id)
     out = []
     for e in store.iter(run_id, types=[CaseReceived.event_type]):
         if e.payload["case"].get("kind") == "osce":

@@ -33,6 +33,8 @@ from grandrounds.store.eventstore import EventStore
 from grandrounds.store.read_model import EventLog, decode_rows
 from grandrounds.store.event_types import MemorySeeded
 from grandrounds.store.events import StoredEvent
+from grandrounds.store.keyring import KeyRing
+from grandrounds.store.sealing import SealingCodec, subject_of
 from grandrounds.store.projection import MemoryProjection, save_checkpoint
 from grandrounds.store.vector_index import single_threaded_blas
 from grandrounds.streams.embedded import EmbeddedRunner, GroupCommit
@@ -120,7 +122,7 @@ def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob,
     `environment`: the tool-task environment its FHIR cases need (opened by the caller)."""
     t0 = time.perf_counter()
     misses0 = cache.misses
-    with EventStore(":memory:") as scratch:
+    with EventStore(":memory:", codec=target.codec) as scratch:  # sealed as the target's rows are
         existing = target.read(job.run_id)
         scratch.import_events(existing)
         _, processed = execute(scratch, cache, job.run_id, job.spec, job.cases, backbone_options=backbone_options,
@@ -134,13 +136,15 @@ def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob,
 
 
 def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing: list[StoredEvent],
-            seeded: dict | None = None) -> dict:
+            seeded: dict | None = None, keys_path: str | None = None) -> dict:
     """Runs in a spawned process: execute one job into an in-memory store seeded from `seed_path`.
 
     Returns the new events and any vectors the worker had to embed; the parent imports both.
     """
     t0 = time.perf_counter()
-    with EventStore(":memory:") as scratch:
+    # The target's key file (read; the parent made every key these cases need): rows handed back sealed.
+    codec = SealingCodec(KeyRing(keys_path, read_only=True)) if keys_path else None
+    with EventStore(":memory:", codec=codec) as scratch:
         conn = scratch.conn
         conn.execute(EmbeddingCache.SCHEMA)
         conn.execute(f"ATTACH '{seed_path}' AS gr_seed (READ_ONLY)")
@@ -219,6 +223,11 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
         return [results[j.run_id] for j in jobs]
 
     cache.flush()  # workers start from every vector this process knows
+    keys_path = None
+    if target.codec is not None:  # one writer of the key file: every subject's key made here, before the workers
+        ring = target.codec.ring
+        ring.ensure([ring.ref(subject_of(c.model_dump(mode="json"), c.case_id)) for j in todo for c in j.cases])
+        keys_path = str(ring.path)
     tmp = Path(tempfile.mkdtemp(prefix="grandrounds-replay-"))
     try:
         seed = tmp / "seed.duckdb"
@@ -228,7 +237,7 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
             pending = [(j, pool.submit(_worker, j.run_id, j.spec.model_dump(mode="json"),
                                        [c.model_dump(mode="json") for c in j.cases], str(seed),
                                        target.read(j.run_id),
-                                       j.seeded.model_dump(mode="json") if j.seeded else None))
+                                       j.seeded.model_dump(mode="json") if j.seeded else None, keys_path))
                        for j in todo]
             for j, fut in pending:  # import in job order: the file's layout is deterministic too
                 out = fut.result()

@@ -152,6 +152,24 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
     if head.status == "not checked" and head.signed is not None:
         warnings.append("the run has a signed head: give the key (GRANDROUNDS_SIGNING_KEY or --key-file) to check it")
 
+    from grandrounds.store.erasure import erased_cases
+
+    erased = erased_cases(store, run_id)
+    if erased:  # crypto-shredded content: the chain and the signed head still check, re-execution cannot run
+        reasons.append(f"the content of {len(erased)} case(s) was erased (grandrounds erase): they can no longer be "
+                       "re-executed: " + ", ".join(erased))
+        if chain.break_seq is not None:
+            reasons.append(f"hash chain broken at seq {chain.break_seq}")
+        if key is not None and not head.ok:
+            reasons.append(f"signed head: {head.status} ({head.detail})")
+        return {"run_id": run_id, "fingerprint": store.fingerprint(run_id), "replayed_fingerprint": None,
+                "identical": False, "events": store.last_seq(run_id) + 1, "erased_cases": erased,
+                "reexecutable": False, "complete": whole["complete"], "completeness": whole["completeness"],
+                "backbone": spec.backbone, "first_divergence": None,
+                "chain_intact": chain.break_seq is None, "chain_break_seq": chain.break_seq,
+                "chain_version": chain.version, "signed_head": head.as_dict(), "warnings": warnings,
+                "reasons": reasons, "ok": False}
+
     backbone_options = None
     if spec.backbone in MODEL_BACKBONES:
         # A model run re-executes against its own recorded exchanges, served by request hash: no

@@ -10,6 +10,11 @@ another writer got there first.
 Each event also carries `chain`, a sha256 linking it, and every column stored for it, to its
 predecessor (`store.integrity`), so an edit made to the file behind the API's back is detectable
 (`check_chain`).
+
+With a `codec` (store/sealing.py; on by default for a database file) the case-content fields of a
+payload are sealed per subject when a row is built and opened when it is read: the chain covers the
+stored (sealed) bytes, the fingerprint the plaintext, and callers only ever see plaintext (a read
+event keeps the stored bytes in `payload_json`, so a copy of it is imported as stored).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from grandrounds.store import integrity
 from grandrounds.store.canonical import canonical_json
 from grandrounds.store.dbfile import check_db_file
 from grandrounds.store.events import NewEvent, StoredEvent
+from grandrounds.store.sealing import SEALED_KEY, ContentErased, SealingCodec, default_codec, stored_form
 
 GENESIS = integrity.GENESIS_V1
 """The genesis of v1 chains (files written before the chain covered run id and meta)."""
@@ -94,7 +100,7 @@ def chain_of(prev: str, e: StoredEvent, trust_cached: bool = True) -> str:
 
     `trust_cached=False` re-serialises payload and meta instead of using the JSON a writer cached on
     the row: rows from elsewhere (an import) are checked on what they hold, not on what they claim."""
-    payload = e.canonical_payload() if trust_cached else canonical_json(e.payload)
+    payload = e.canonical_payload() if trust_cached else canonical_json(stored_form(e))
     meta = e.canonical_meta() if trust_cached else (canonical_json(e.meta) if e.meta else "{}")
     return integrity.link(prev, integrity.version_of(prev), e.run_id, e.seq, e.type, e.schema_version, e.case_id,
                           e.causation_seq, payload, meta)
@@ -123,8 +129,12 @@ class ChainCheck:
 class EventStore:
     """Append-only run logs in one DuckDB file (":memory:" for a throwaway store)."""
 
-    def __init__(self, path: str | Path = ":memory:", read_only: bool = False):
+    def __init__(self, path: str | Path = ":memory:", read_only: bool = False,
+                 codec: SealingCodec | None | str = "auto"):
         self.path = str(path)
+        self.codec: SealingCodec | None = default_codec(self.path, read_only) if codec == "auto" else codec
+        """Seals case content per subject (None: stored in clear). "auto": a file's own key file; a replay's
+        scratch store is given its target's codec, so what it writes is sealed as the target's rows are."""
         target = self.path
         if target != ":memory:":
             # A file, whatever its name: absolute (no DuckDB prefix such as md: can match), and a
@@ -316,15 +326,16 @@ class EventStore:
         except duckdb.Error:
             pass  # DuckDB already aborted the transaction
 
-    @staticmethod
-    def _build_rows(run_id: str, events: Sequence[NewEvent], head: tuple[int, str]) -> list[StoredEvent]:
+    def _build_rows(self, run_id: str, events: Sequence[NewEvent], head: tuple[int, str]) -> list[StoredEvent]:
         seq, chain = head
         chain_version = integrity.version_of(chain)
         out = []
         for ev in events:
             seq += 1
             payload = ev.payload_dict()
-            payload_json = canonical_json(payload)
+            sealed = (self.codec.seal(run_id, seq, ev.type, ev.case_id, payload, self._case_subject_ref)
+                      if self.codec is not None else None)
+            payload_json = canonical_json(payload if sealed is None else sealed)
             meta = dict(ev.meta)
             meta_json = canonical_json(meta) if meta else "{}"
             version = ev.payload.schema_version
@@ -358,7 +369,9 @@ class EventStore:
         conn.execute("BEGIN TRANSACTION")
         try:
             # What was checked is what is written: never a JSON text cached on a row from elsewhere.
-            self._insert_rows(conn, [replace(e, payload_json=None, meta_json=None) for e in events])
+            # (A read event's payload is the opened plaintext: what is written is its stored, sealed form.)
+            self._insert_rows(conn, [replace(e, payload=stored_form(e), payload_json=None, meta_json=None)
+                                     for e in events])
             conn.execute("COMMIT")
         except (duckdb.ConstraintException, duckdb.TransactionException) as exc:
             self._rollback_quietly(conn)
@@ -409,7 +422,7 @@ class EventStore:
             cur.execute(sql, params)
             while rows := cur.fetchmany(batch):
                 for r in rows:
-                    yield StoredEvent.from_row(r)
+                    yield self.decode_row(r)
         finally:
             cur.close()
 
@@ -437,6 +450,15 @@ class EventStore:
             cur.execute(sql + " ORDER BY seq", params)
             while rows := cur.fetchmany(10_000):
                 for seq, type_, payload in rows:
+                    if self.codec is not None and SEALED_KEY in payload:
+                        # The fingerprint is over plaintext: the same on every machine, sealed or not.
+                        try:
+                            payload = canonical_json(self.codec.open(run_id, int(seq), type_, json.loads(payload),
+                                                                     strict=True))
+                        except ContentErased:
+                            from grandrounds.store.erasure import recorded_fingerprint
+
+                            return recorded_fingerprint(self, run_id, upto_seq)
                     h.update(event_line(int(seq), type_, payload).encode("utf-8"))
                     h.update(b"\n")
         finally:
@@ -530,7 +552,34 @@ class EventStore:
             f"SELECT {self._COLUMNS} FROM events WHERE run_id = ? AND type = ? ORDER BY seq DESC LIMIT 1",
             [run_id, type_],
         ).fetchone()
-        return None if row is None else StoredEvent.from_row(row)
+        return None if row is None else self.decode_row(row)
+
+    def decode_row(self, r: tuple) -> StoredEvent:
+        """A stored row as an event (`StoredEvent.from_row`), its payload opened: plaintext, or the erased
+        stand-ins; the stored (sealed) bytes stay in `payload_json` for the chain and for copies."""
+        e = StoredEvent.from_row(r)
+        if self.codec is None or SEALED_KEY not in e.payload:
+            return e
+        return replace(e, payload=self.codec.open(e.run_id, e.seq, e.type, e.payload),
+                       payload_json=canonical_json(e.payload))
+
+    def open_payload(self, run_id: str, seq: int, type_: str, payload_json: str) -> dict:
+        """A payload read with SQL, opened: plaintext, or the erased stand-ins (for readers of raw rows)."""
+        payload = json.loads(payload_json)
+        if self.codec is not None and SEALED_KEY in payload:
+            payload = self.codec.open(run_id, int(seq), type_, payload)
+        return payload
+
+    def _case_subject_ref(self, run_id: str, case_id: str) -> str | None:
+        """The subject ref a case's content is sealed under (its `case.received` row's envelope)."""
+        cur = self._root.cursor()
+        try:
+            row = cur.execute(
+                "SELECT json_extract_string(payload, '$.\"$sealed\".s') FROM events "
+                "WHERE run_id = ? AND case_id = ? AND type = 'case.received' LIMIT 1", [run_id, case_id]).fetchone()
+        finally:
+            cur.close()
+        return row[0] if row else None
 
     def consumer_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
         rows = self.conn.execute(

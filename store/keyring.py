@@ -1,0 +1,198 @@
+"""Per-subject content keys, kept in a key file beside the database, never inside it.
+
+A subject is whoever a case's content is about (its `subject` field; MedAgentBench: the patient's
+MRN; else the case itself). Each subject gets a random 256-bit key the first time content about it
+is written; `erase` destroys that key (crypto-shredding): every ciphertext sealed with it becomes
+noise, while the rows themselves, and the hash chain over them, stay as they were. Deleted DuckDB
+rows can survive in free blocks, which is why keys never go into the database.
+
+The file is JSON lines, mode 0600:
+    {"grandrounds-keyring": 1, "secret": <b64>}      header: the secret subject references are keyed with
+    {"ref": <hex>, "key": <b64>}                     one per subject, appended (and fsynced) before the
+                                                     events sealed with it are committed
+    {"erased": <hex>}                                a tombstone: that subject was erased on purpose
+A subject is named in events only by its reference, HMAC-SHA256(secret, subject): the file is
+needed to tell which subject a row belongs to, so an MRN never appears in the database. Appends are
+single writes of a whole line (a torn last line is ignored on load: its events were never committed);
+`erase` rewrites the file to a temporary and renames it over the old one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import threading
+from pathlib import Path
+
+KEYS_ENV = "GRANDROUNDS_KEYS"
+"""A key file to use instead of `<db>.keys` (Kafka workers that hand runs to each other share one)."""
+
+HEADER = "grandrounds-keyring"
+
+
+class KeyRingError(RuntimeError):
+    pass
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode("ascii")
+
+
+def _unb64(s: str) -> bytes:
+    return base64.b64decode(s.encode("ascii"), validate=True)
+
+
+def keys_path_for(db_path: str) -> Path | None:
+    """Where a database's key file is: `$GRANDROUNDS_KEYS`, else beside the file (`<db>.keys`);
+    None for an in-memory database."""
+    env = os.environ.get(KEYS_ENV)
+    if env:
+        return Path(env)
+    if db_path in ("", ":memory:") or db_path.startswith(":memory:"):
+        return None
+    return Path(db_path + ".keys")
+
+
+class KeyRing:
+    """The key file of one database (loaded lazily; created on the first key written)."""
+
+    def __init__(self, path: str | Path, read_only: bool = False):
+        self.path = Path(path)
+        self.read_only = read_only
+        self._secret: bytes | None = None
+        self._keys: dict[str, bytes] = {}
+        self._erased: set[str] = set()
+        self._lock = threading.Lock()
+        self._loaded = False
+
+    # --- loading and writing -----------------------------------------------------------------
+
+    def _load(self) -> None:
+        self._loaded = True
+        if not self.path.exists():
+            return
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines, 1):
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:
+                if n == len(lines):
+                    continue  # a torn final append: its events were never committed
+                raise KeyRingError(f"{self.path}:{n}: not a key file line") from None
+            if HEADER in item:
+                self._secret = _unb64(item["secret"])
+            elif "ref" in item:
+                self._keys[item["ref"]] = _unb64(item["key"])
+                self._erased.discard(item["ref"])
+            elif "erased" in item:
+                self._erased.add(item["erased"])
+                self._keys.pop(item["erased"], None)
+        if self._secret is None:
+            raise KeyRingError(f"{self.path}: no key file header")
+
+    def reload(self) -> None:
+        with self._lock:
+            self._secret, self._keys, self._erased = None, {}, set()
+            self._load()
+
+    def _ensure_loaded(self) -> None:
+        if not self._loaded:
+            self._load()
+
+    def _create(self) -> None:
+        """A new file with its header, written to a temporary and renamed (never half a header)."""
+        if self.read_only:
+            raise KeyRingError(f"{self.path} does not exist and the database is opened read-only")
+        self._secret = secrets.token_bytes(32)
+        self._write_all([{HEADER: 1, "secret": _b64(self._secret)}])
+
+    def _write_all(self, items: list[dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, "".join(json.dumps(i) + "\n" for i in items).encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        try:  # the rename itself durable
+            dfd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
+    def _append(self, items: list[dict]) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, "".join(json.dumps(i) + "\n" for i in items).encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # --- subjects ------------------------------------------------------------------------------
+
+    def ref(self, subject: str, create: bool = True) -> str | None:
+        """The subject's reference in events (HMAC of the subject under the file's secret)."""
+        with self._lock:
+            self._ensure_loaded()
+            if self._secret is None:
+                if not create:
+                    return None
+                self._create()
+            assert self._secret is not None
+            return hmac.new(self._secret, subject.encode("utf-8"), hashlib.sha256).hexdigest()[:32]
+
+    def key(self, ref: str) -> bytes | None:
+        """The subject's key; None when erased or unknown to this file."""
+        with self._lock:
+            self._ensure_loaded()
+            found = self._keys.get(ref)
+        if found is None and ref not in self._erased and self.path.exists():
+            self.reload()  # another process (a replay worker) may have added it
+            found = self._keys.get(ref)
+        return found
+
+    def is_erased(self, ref: str) -> bool:
+        with self._lock:
+            self._ensure_loaded()
+            return ref in self._erased
+
+    def ensure(self, refs: list[str]) -> None:
+        """Keys for every ref, new ones appended and fsynced: call before committing what they seal."""
+        with self._lock:
+            self._ensure_loaded()
+            new = []
+            for r in dict.fromkeys(refs):
+                if r not in self._keys:
+                    # An erased subject seen again (a new case about them) starts a new key: the old
+                    # content stays unreadable, the tombstone stays in the file.
+                    self._erased.discard(r)
+                    self._keys[r] = secrets.token_bytes(32)
+                    new.append({"ref": r, "key": _b64(self._keys[r])})
+            if new:
+                if self.read_only:
+                    raise KeyRingError(f"{self.path}: cannot add keys to a read-only database's key file")
+                self._append(new)
+
+    def erase(self, ref: str) -> bool:
+        """Destroy a subject's key (the file rewritten without it, with a tombstone); False if none."""
+        with self._lock:
+            self._ensure_loaded()
+            if ref not in self._keys:
+                return False
+            del self._keys[ref]
+            self._erased.add(ref)
+            assert self._secret is not None
+            items = [{HEADER: 1, "secret": _b64(self._secret)}]
+            items += [{"erased": r} for r in sorted(self._erased)]  # before keys: a later key revives
+            items += [{"ref": r, "key": _b64(k)} for r, k in self._keys.items()]
+            self._write_all(items)
+            return True

@@ -1,0 +1,192 @@
+"""Case content sealed per subject (AES-GCM-SIV), so that erasing a subject's key erases it.
+
+What is sealed: the fields of an event that hold case content — the case itself, the agent's answer
+and steps, the reflection, model exchanges, failures, SELSM judgements and rejected skills
+(`SEALED_FIELDS`). What stays clear: the envelope (type, seq, case id), the fields state folds read
+(correctness, outcomes, indexes, token usage), and memory items, which are de-identified before they
+are written (`handlers/deidentify.py`) and must stay foldable after an erasure.
+
+A sealed event is stored as its clear fields plus
+    "$sealed": {"s": <subject ref>, "f": {field: kind}, "c": <b64 AES-GCM-SIV ciphertext>}
+where the ciphertext holds the canonical JSON of the sealed fields and `kind` (s/l/d/n: string, list,
+object, other) says what stands in for a field once its key is gone ("[erased]", [], {"erased":
+"[erased]"}, null). The nonce is derived, not drawn: HMAC-SHA256(key, run|seq|type)[:12], unique per
+event and key; AES-GCM-SIV stays safe even if a (key, nonce) pair ever repeated. The associated data
+binds a ciphertext to its run, seq, type and subject, so a sealed blob cannot be moved to another row.
+
+The event store calls `seal` when it builds a row and `open` when it reads one (`EventStore(codec=)`):
+everything above the store sees plaintext payloads, or the stand-ins once the subject is erased. The
+chain covers the stored (sealed) bytes; the fingerprint covers the plaintext (see README, "Patient data").
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from typing import Any, Callable
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
+
+from grandrounds.store.canonical import canonical_json
+from grandrounds.store.keyring import KeyRing, keys_path_for
+
+SEALED_KEY = "$sealed"
+ERASED = "[erased]"
+"""What erased text reads as (audit, export, the web view)."""
+
+SEALED_FIELDS: dict[str, tuple[str, ...]] = {
+    "case.received": ("case",),
+    "answer.given": ("answer", "steps"),
+    "reflection.recorded": ("summary", "guideline", "edits"),
+    "llm.exchange": ("messages", "response", "error"),
+    "case.failed": ("reason", "steps"),
+    "selsm.trajectory.judged": ("answer", "steps"),
+    "selsm.skill.rejected": ("violations", "text"),
+    # Memory events are de-identified before they are written; the fields that copy the case verbatim
+    # (the question as an episode descriptor or a record's query, the trace) are sealed as well, so an
+    # erased case leaves only what was distilled from it (rules, skills, lessons, guidelines).
+    "episode.stored": ("descriptor", "trace"),
+    "selsm.record.stored": ("query",),
+    "experience.stored": ("context",),
+    "skill.trajectory_recorded": ("question", "options", "trace"),
+}
+"""Event type -> the fields holding case content."""
+
+_STAND_IN: dict[str, Any] = {"s": ERASED, "l": [], "d": {"erased": ERASED}, "n": None}
+
+
+def _kind(v: Any) -> str:
+    return "s" if isinstance(v, str) else "l" if isinstance(v, list) else "d" if isinstance(v, dict) else "n"
+
+
+def subject_of(case: dict, case_id: str) -> str:
+    """A case's subject: its `subject` field; MedAgentBench: the patient's MRN; else the case itself."""
+    return str(case.get("subject") or case.get("eval_mrn") or f"case:{case_id}")
+
+
+def is_erased_case(case: dict) -> bool:
+    """Whether a `case.received` case is the stand-in left by an erasure."""
+    return case.get("erased") == ERASED and "case_id" not in case
+
+
+class ContentErased(LookupError):
+    """Plaintext asked for (a fingerprint) of an event whose subject key is gone."""
+
+
+class SealingCodec:
+    """Seals and opens payloads with the subject keys of one key file."""
+
+    def __init__(self, ring: KeyRing):
+        self.ring = ring
+        self._refs: dict[tuple[str, str], str] = {}
+        self._aead: dict[str, AESGCMSIV] = {}
+
+    def _cipher(self, ref: str) -> AESGCMSIV | None:
+        c = self._aead.get(ref)
+        if c is None:
+            key = self.ring.key(ref)
+            if key is None:
+                return None
+            c = self._aead[ref] = AESGCMSIV(key)
+        return c
+
+    @staticmethod
+    def _nonce_and_aad(key_material: bytes, run_id: str, seq: int, type_: str, ref: str) -> tuple[bytes, bytes]:
+        where = f"{run_id}\x00{seq}\x00{type_}".encode("utf-8")
+        return hmac.new(key_material, where, hashlib.sha256).digest()[:12], where + b"\x00" + ref.encode("ascii")
+
+    def _ref_for(self, run_id: str, type_: str, case_id: str, payload: dict,
+                 lookup: Callable[[str, str], str | None] | None) -> str:
+        if type_ == "case.received":
+            ref = self.ring.ref(subject_of(payload.get("case") or {}, case_id))
+            self._refs[(run_id, case_id)] = ref
+            return ref
+        ref = self._refs.get((run_id, case_id))
+        if ref is None and lookup is not None:
+            ref = lookup(run_id, case_id)
+        if ref is None:
+            ref = self.ring.ref(f"case:{case_id}")
+        self._refs[(run_id, case_id)] = ref
+        return ref
+
+    def seal(self, run_id: str, seq: int, type_: str, case_id: str | None, payload: dict,
+             lookup: Callable[[str, str], str | None] | None = None) -> dict | None:
+        """The stored form of a payload, or None when nothing in it is sealed. `lookup`: (run, case) -> the
+        subject ref the store holds for that case's `case.received` row, for events of a case whose
+        `case.received` this codec has not sealed (a resumed case)."""
+        fields = SEALED_FIELDS.get(type_)
+        if not fields or case_id is None:
+            return None
+        secret = {f: payload[f] for f in fields if f in payload}
+        if not secret:
+            return None
+        ref = self._ref_for(run_id, type_, case_id, payload, lookup)
+        self.ring.ensure([ref])  # on disk before the rows it seals are committed
+        key = self.ring.key(ref)
+        assert key is not None
+        cipher = self._cipher(ref)
+        nonce, aad = self._nonce_and_aad(key, run_id, seq, type_, ref)
+        ct = cipher.encrypt(nonce, canonical_json(secret).encode("utf-8"), aad)
+        out = {k: v for k, v in payload.items() if k not in secret}
+        out[SEALED_KEY] = {"s": ref, "f": {f: _kind(v) for f, v in secret.items()},
+                           "c": base64.b64encode(ct).decode("ascii")}
+        return out
+
+    def open(self, run_id: str, seq: int, type_: str, stored: dict, strict: bool = False) -> dict:
+        """The plaintext payload; with the subject's key gone, the stand-ins (or `ContentErased` if strict)."""
+        env = stored.get(SEALED_KEY)
+        if env is None:
+            return stored
+        out = {k: v for k, v in stored.items() if k != SEALED_KEY}
+        ref = env["s"]
+        key = self.ring.key(ref)
+        plain = None
+        if key is not None:
+            nonce, aad = self._nonce_and_aad(key, run_id, seq, type_, ref)
+            try:
+                plain = json.loads(self._cipher(ref).decrypt(nonce, base64.b64decode(env["c"]), aad))
+            except InvalidTag:
+                plain = None  # a key made after an erasure of the same subject: the old content stays gone
+        if plain is None:
+            if strict:
+                raise ContentErased(f"run {run_id!r} seq {seq}: content erased (subject key destroyed)")
+            plain = {f: _STAND_IN[k] for f, k in env["f"].items()}
+        out.update(plain)
+        return out
+
+    def readable(self, stored: dict) -> bool:
+        env = stored.get(SEALED_KEY)
+        return env is None or self.ring.key(env["s"]) is not None
+
+
+def stored_form(e) -> dict:
+    """The payload of a `StoredEvent` as it is (or was) stored: the sealed form where the event was read
+    from, or built for, a sealed row (its plaintext `payload` opened from `payload_json`), else `payload`."""
+    if e.payload_json is not None and SEALED_KEY not in e.payload and SEALED_KEY in e.payload_json:
+        stored = json.loads(e.payload_json)
+        if SEALED_KEY in stored:
+            return stored
+    return e.payload
+
+
+def sealed_ref(stored: dict) -> str | None:
+    env = stored.get(SEALED_KEY)
+    return env["s"] if env else None
+
+
+ENCRYPT_ENV = "GRANDROUNDS_ENCRYPT"
+"""Set to 0 to store case content in clear (benchmarks measure both; not advised with patient data)."""
+
+
+def default_codec(db_path: str, read_only: bool = False) -> SealingCodec | None:
+    """The codec a database file gets unless told otherwise: its key file beside it (created with the
+    first subject), or none for an in-memory store or with GRANDROUNDS_ENCRYPT=0."""
+    import os
+
+    if os.environ.get(ENCRYPT_ENV, "1") == "0":
+        return None
+    path = keys_path_for(db_path)
+    return None if path is None else SealingCodec(KeyRing(path, read_only=read_only))
