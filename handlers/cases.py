@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, field_validator,
+                      model_serializer, model_validator)
 
 from grandrounds.store.canonical import sha256_hex
 
@@ -38,6 +39,17 @@ class Case(BaseModel):
     category: str = Field(default="general", min_length=1)
     tools: list[str] = Field(default_factory=list)
     """Names of simulated tools this case may use; empty means every tool the run offers."""
+    subject: str | None = Field(default=None, min_length=1)
+    """Whom the case is about (a patient id): its content is sealed under that subject's key and
+    `grandrounds erase --subject` erases it. None: the case is its own subject (`case:<case_id>`)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_subject(self, handler: SerializerFunctionWrapHandler):
+        # Left out while unset, so cases without a subject keep their bytes (and runs their fingerprints).
+        data = handler(self)
+        if isinstance(data, dict) and data.get("subject") is None:
+            data.pop("subject", None)
+        return data
 
     @field_validator("options")
     @classmethod

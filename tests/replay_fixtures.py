@@ -83,4 +83,7 @@ def db_copy(recorded_db, tmp_path) -> Path:
     """A private, writable copy of the recorded file."""
     target = tmp_path / "work.duckdb"
     shutil.copyfile(recorded_db, target)
+    keys = Path(str(recorded_db) + ".keys")  # its sealed content opens with the key file beside it
+    if keys.exists():
+        shutil.copyfile(keys, str(target) + ".keys")
     return target

@@ -14,6 +14,7 @@ from replay_fixtures import recorded_db  # noqa: F401
 from grandrounds.store.canonical import canonical_json
 from grandrounds.store import integrity
 from grandrounds.store.eventstore import EventStore, event_line
+from grandrounds.store.sealing import SEALED_KEY
 
 
 def _export(db, *args):
@@ -31,16 +32,21 @@ def test_jsonl_export_is_the_record_fingerprint_and_chain_included(recorded_db, 
         assert summary["fingerprints"]["teach"] == store.fingerprint("teach")
         stored = store.read("teach")
     assert [r["seq"] for r in rows] == list(range(len(rows))) and {r["run_id"] for r in rows} == {"teach"}
-    # The fingerprint and the hash chain can be recomputed from the file alone.
+    # The hash chain can be recomputed from the file alone (it covers the stored, sealed bytes); the
+    # fingerprint covers plaintext, so sealed case content needs the database's key file to open.
     h, chain = hashlib.sha256(), integrity.genesis("teach")
+    codec = store.codec
+    assert codec is not None and any(SEALED_KEY in r["payload"] for r in rows)
     for r in rows:
         payload = canonical_json(r["payload"])
-        h.update(event_line(r["seq"], r["type"], payload).encode() + b"\n")
         chain = integrity.link(chain, 2, r["run_id"], r["seq"], r["type"], r["schema_version"], r["case_id"],
                                r["causation_seq"], payload, canonical_json(r["meta"]))
         assert chain == r["chain"]
+        plain = canonical_json(codec.open(r["run_id"], r["seq"], r["type"], r["payload"], strict=True))
+        h.update(event_line(r["seq"], r["type"], plain).encode() + b"\n")
     assert h.hexdigest() == summary["fingerprints"]["teach"]
-    assert rows[5]["payload"] == stored[5].payload and rows[5]["meta"] == stored[5].meta
+    assert rows[5]["meta"] == stored[5].meta
+    assert codec.open("teach", 5, rows[5]["type"], rows[5]["payload"]) == stored[5].payload
 
 
 def test_parquet_export_of_chosen_runs(recorded_db, tmp_path):
@@ -52,9 +58,11 @@ def test_parquet_export_of_chosen_runs(recorded_db, tmp_path):
     with EventStore(recorded_db, read_only=True) as store:
         assert counts == {"teach": store.last_seq("teach") + 1, "teach-none": store.last_seq("teach-none") + 1}
         first_answer = store.read("teach", types=["answer.given"])[0]
-    payload, = con.execute(f"SELECT payload FROM read_parquet('{out}') WHERE run_id = 'teach' AND seq = ?",
-                           [first_answer.seq]).fetchone()
-    assert json.loads(payload) == first_answer.payload
+        payload, = con.execute(f"SELECT payload FROM read_parquet('{out}') WHERE run_id = 'teach' AND seq = ?",
+                               [first_answer.seq]).fetchone()
+        # The stored bytes: the answer is sealed, and opens with the database's key file.
+        assert SEALED_KEY in json.loads(payload)
+        assert store.open_payload("teach", first_answer.seq, "answer.given", payload) == first_answer.payload
     every = _export(recorded_db, "--all", "--out", str(tmp_path / "all.parquet"))
     assert set(json.loads(every.stdout)["runs"]) == {"src", "teach", "teach-none"}
 

@@ -88,3 +88,30 @@ def test_erase_a_subject(example_cases, evo_spec, tmp_path):
 
     code, replayed = _cli("replay", "--db", str(db), "--from", "a", "--permutations", "1")
     assert code == 2 and gone.case_id in replayed["error"] and "erased" in replayed["error"]
+
+
+def test_cases_about_one_subject_share_its_key(tmp_path):
+    """A case's `subject` field (MedAgentBench: eval_mrn) names whose key seals it; erasing the subject
+    erases every case about them, and nothing of another subject."""
+    from grandrounds.store.events import NewEvent
+    from grandrounds.store.event_types import CaseReceived
+    from grandrounds.handlers.cases import Case
+
+    def case(cid, subject):
+        return Case(case_id=cid, kind="mcq", question=f"question of {cid}", options={"A": "x", "B": "y"},
+                    answer="A", subject=subject)
+
+    db = tmp_path / "s.duckdb"
+    with EventStore(db) as store:
+        cs = [case("c1", "p1"), case("c2", "p1"), case("c3", "p2")]
+        store.append("r", [NewEvent(CaseReceived(index=i, case=c.model_dump(mode="json")), case_id=c.case_id)
+                           for i, c in enumerate(cs)], -1)
+        fp = store.fingerprint("r")
+    code, out = _cli("erase", "--db", str(db), "--subject", "p1")
+    assert code == 0 and out["runs"] == {"r": ["c1", "c2"]}, out
+    with EventStore(db) as store:
+        cases = [e.payload["case"] for e in store.read("r")]
+        assert cases[:2] == [{"erased": ERASED}] * 2 and cases[2]["question"] == "question of c3"
+        assert store.verify_chain("r") is None and store.fingerprint("r") == fp
+    code, out = _cli("erase", "--db", str(db), "--subject", "nobody")
+    assert code == 2 and "no content" in out["error"]
