@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from grandrounds.cli import main
+from grandrounds.cli_group import main
 from grandrounds.errors import fail
 
 

@@ -31,6 +31,7 @@ from grandrounds.store.canonical import canonical_json
 from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.read_model import EventLog
+from grandrounds.store.sealing import ContentErased
 from grandrounds.store.events import StoredEvent
 from grandrounds.store.signing import SigningKey, check_head
 
@@ -162,7 +163,12 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
             reasons.append(f"hash chain broken at seq {chain.break_seq}")
         if key is not None and not head.ok:
             reasons.append(f"signed head: {head.status} ({head.detail})")
-        return {"run_id": run_id, "fingerprint": store.fingerprint(run_id), "replayed_fingerprint": None,
+        try:
+            fingerprint = store.fingerprint(run_id)  # the one recorded at the erasure
+        except ContentErased as exc:  # no recorded one: the key file is missing, or the run grew after
+            fingerprint = None
+            reasons.append(str(exc))
+        return {"run_id": run_id, "fingerprint": fingerprint, "replayed_fingerprint": None,
                 "identical": False, "events": store.last_seq(run_id) + 1, "erased_cases": erased,
                 "reexecutable": False, "complete": whole["complete"], "completeness": whole["completeness"],
                 "backbone": spec.backbone, "first_divergence": None,
@@ -203,7 +209,11 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
         recorded = store.read(run_id)
         replayed = scratch.read(run_id, upto_seq=upto)
         divergence = compare_logs(recorded, replayed)
-        fingerprint = store.fingerprint(run_id)
+        try:
+            fingerprint = store.fingerprint(run_id)
+        except ContentErased as exc:  # a sealed row that does not open where it stands (moved, or edited)
+            fingerprint = None
+            reasons.append(f"the run's fingerprint cannot be computed: {exc}")
         replayed_fp = scratch.fingerprint(run_id, upto_seq=upto)
     finally:
         scratch.close()

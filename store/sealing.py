@@ -190,3 +190,16 @@ def default_codec(db_path: str, read_only: bool = False) -> SealingCodec | None:
         return None
     path = keys_path_for(db_path)
     return None if path is None else SealingCodec(KeyRing(path, read_only=read_only))
+
+
+def shared_codec(read_only: bool = False) -> SealingCodec | None:
+    """The codec of a process whose runs move to other processes (a Kafka worker): the shared key file
+    `$GRANDROUNDS_KEYS` when set, else none (content in clear). A worker's own `<db>.keys` would be
+    useless to the worker a run moves to, which would read that run's content as erased."""
+    import os
+
+    from grandrounds.store.keyring import KEYS_ENV
+
+    if os.environ.get(ENCRYPT_ENV, "1") == "0" or not os.environ.get(KEYS_ENV):
+        return None
+    return SealingCodec(KeyRing(os.environ[KEYS_ENV], read_only=read_only))

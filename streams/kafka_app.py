@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.errors import InvalidInput
 from grandrounds.store.eventstore import EventStore
+from grandrounds.store.sealing import shared_codec
 from grandrounds.store.signing import SigningKey
 from grandrounds.streams.assignor import copartition_assignor
 from grandrounds.streams.changelog import encode_batch
@@ -285,7 +286,9 @@ class KafkaWorkerApp:
     async def _startup(self) -> None:
         s = self.settings
         if self._store is None:
-            self._store = EventStore(s.db)
+            # Sealed only with a key file every worker of the group shares (GRANDROUNDS_KEYS): a run that
+            # moves to another worker must open there (README, "Patient data").
+            self._store = EventStore(s.db, codec=shared_codec())
         if self._cache is None:
             self._cache = EmbeddingCache(shared_minilm(), self._store.conn)
         # on_startup hooks run before FastStream starts the subscribers: the group is joined later.

@@ -52,6 +52,16 @@ def store() -> EventStore:
     s.close()
 
 
+def copy_db(src, dst) -> Path:
+    """A copy of a database file with its key file (store/keyring.py): without it, sealed case content
+    reads as erased in the copy."""
+    shutil.copy(src, dst)
+    keys = Path(str(src) + ".keys")
+    if keys.exists():
+        shutil.copy(keys, str(dst) + ".keys")
+    return Path(dst)
+
+
 def run_in(store: EventStore, cases, spec: RunSpec, run_id: str = "r", commit: str = "case", declare: bool = False):
     """Run cases through the embedded runner; returns the run context. `declare`: the run declares its case
     count in run.started and ends with run.completed, as `grandrounds run` does (so `verify` calls it complete)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
+from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench, copy_db
 from fhir_helpers import FhirFake, invoke_json, offline_tasks_file, run_fhir
 from llm_helpers import SECRET
 from grandrounds.store.eventstore import EventStore
@@ -52,8 +52,8 @@ def sim_run(tasks, tmp_path_factory):
 def test_permutations_of_a_fhir_run_replay_deterministically(sim_run, tmp_path):
     db, out = sim_run
     first, second = tmp_path / "a.duckdb", tmp_path / "b.duckdb"
-    shutil.copy(db, first)
-    shutil.copy(db, second)
+    copy_db(db, first)
+    copy_db(db, second)
     code, rep = _replay(first, out["run_id"], "--permutations", "2", "--seed", "3")
     assert code == 0, rep
     assert rep["environment"] == "medagentbench" and rep["workers"] == 1 and rep["cases_executed"] == 16
@@ -82,7 +82,7 @@ def test_permutations_of_a_fhir_run_replay_deterministically(sim_run, tmp_path):
 def test_original_order_reproduces_the_source_run(sim_run, tmp_path):
     db, out = sim_run
     copy = tmp_path / "o.duckdb"
-    shutil.copy(db, copy)
+    copy_db(db, copy)
     code, rep = _replay(copy, out["run_id"], "--permutations", "0", "--original")
     assert code == 0, rep
     (orig,) = rep["runs"]
@@ -102,7 +102,7 @@ def test_original_order_reproduces_the_source_run(sim_run, tmp_path):
 def test_counterfactual_policy_replays_fhir_runs(sim_run, tmp_path, monkeypatch):
     db, out = sim_run
     copy = tmp_path / "c.duckdb"
-    shutil.copy(db, copy)
+    copy_db(db, copy)
     code, rep = _replay(copy, out["run_id"], "--permutations", "1", "--original", "--policy", "none")
     assert code == 0, rep
     assert rep["counterfactual"] and rep["policy"] == "none" and rep["tag"].startswith("none-")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench
+from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench, copy_db
 from fhir_helpers import FhirFake, TYPES, invoke_json, offline_tasks_file, run_fhir
 from llm_helpers import SECRET
 from grandrounds.store.eventstore import EventStore
@@ -88,7 +88,7 @@ def test_two_runs_give_the_same_fingerprint_and_verify_is_identical(sim_run, tas
     assert ver["identical"] and ver["replayed_fingerprint"] == out["fingerprint"] and ver["cases"] == 8
     # Order replays rebuild the environment too (more in test_fhir_replay.py).
     copy = tmp_path / "replay.duckdb"
-    shutil.copy(db, copy)
+    copy_db(db, copy)
     code, rep = invoke_json(["replay", "--db", str(copy), "--from", out["run_id"], "--permutations", "1"])
     assert code == 0 and rep["environment"] == "medagentbench" and rep["runs"][0]["accuracy"] == 1.0, rep
 

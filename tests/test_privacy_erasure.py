@@ -43,8 +43,8 @@ def test_erase_a_subject(example_cases, evo_spec, tmp_path):
     db = tmp_path / "runs.duckdb"
     first, other = example_cases[:5], example_cases[5:9]
     with EventStore(db) as store:
-        run_in(store, first, evo_spec, "a")
-        run_in(store, other, evo_spec, "b")
+        run_in(store, first, evo_spec, "a", declare=True)
+        run_in(store, other, evo_spec, "b", declare=True)
         before = {r: store.fingerprint(r) for r in ("a", "b")}
     gone = first[1]
 
@@ -73,8 +73,12 @@ def test_erase_a_subject(example_cases, evo_spec, tmp_path):
     out_file = tmp_path / "a.jsonl"
     code, exported = _cli("export", "--db", str(db), "a", "--out", str(out_file))
     assert code == 0, exported
-    text = out_file.read_text()
-    assert gone.question[:30] not in text and gone.options[gone.answer] not in text.split("rule.added")[0]
+    rows = [json.loads(line) for line in out_file.read_text().splitlines()]
+    of_gone = json.dumps([r for r in rows if r["case_id"] == gone.case_id])
+    assert of_gone and gone.question[:30] not in of_gone and gone.question[-30:] not in of_gone
+    assert any(SEALED_KEY in r["payload"] for r in rows if r["case_id"] == gone.case_id)
+    # Other cases' rows keep what *they* were shown (a later case's retrieved precedent quotes the
+    # erased case): README, "Erasure", limits. The erased case's own rows carry none of its text.
     # The exported ciphertext cannot be opened any more: its key is gone from the key file.
     ref = out["subject_ref"]
     assert ref not in json.dumps([l for l in (tmp_path / "runs.duckdb.keys").read_text().splitlines()

@@ -13,7 +13,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from conftest import EXAMPLES
+from conftest import EXAMPLES, copy_db
 from fake_openai_server import FakeOpenAI
 from grandrounds.cli import main
 from grandrounds.handlers.cases import load_cases
@@ -47,7 +47,7 @@ def db_copy(source_db, tmp_path, monkeypatch):
     """A writable copy, and the CLI's embedder swapped for the sources' fast hashing one."""
     monkeypatch.setattr("grandrounds.app.shared_minilm", HashEmbedder)
     path = tmp_path / "replay.duckdb"
-    shutil.copy(source_db, path)
+    copy_db(source_db, path)
     return path
 
 
@@ -97,7 +97,7 @@ def test_with_memory_a_miss_fails_naming_run_case_and_stage(db_copy, cases):
 
 def test_live_fallthrough_counts_live_calls_and_stays_deterministic(source_db, db_copy, tmp_path):
     second = tmp_path / "again.duckdb"
-    shutil.copy(source_db, second)
+    copy_db(source_db, second)
     outs = []
     with FakeOpenAI() as server:
         for db in (db_copy, second):

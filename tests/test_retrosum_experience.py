@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import EXAMPLES, run_in
+from conftest import EXAMPLES, run_in, copy_db
 from fake_openai_server import FakeOpenAI
 from grandrounds.app import run_cases
 from grandrounds.cli import main
@@ -214,7 +214,7 @@ def test_retrieval_in_the_example_run_honours_threshold_and_guard(example_db):
 
 def test_verify_re_executes_a_retrosum_run_identically(example_db, tmp_path):
     db = tmp_path / "copy.duckdb"
-    shutil.copy(example_db[0], db)
+    copy_db(example_db[0], db)
     res = CliRunner().invoke(main, ["verify", "--db", str(db), "rs", "--json"])
     out = json.loads(res.stdout)
     assert res.exit_code == 0, res.output
@@ -224,7 +224,7 @@ def test_verify_re_executes_a_retrosum_run_identically(example_db, tmp_path):
 def test_offline_mode_trains_then_answers_from_a_frozen_bank(example_db, tmp_path, monkeypatch):
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     db = tmp_path / "offline.duckdb"
-    shutil.copy(example_db[0], db)  # warm embedding cache
+    copy_db(example_db[0], db)  # warm embedding cache
     lines = EXAMPLES.read_text().splitlines()
     (tmp_path / "train.jsonl").write_text("\n".join(lines[:50]) + "\n")
     (tmp_path / "test.jsonl").write_text("\n".join(lines[50:]) + "\n")

@@ -26,6 +26,7 @@ from grandrounds.store import integrity
 from grandrounds.store.canonical import canonical_json
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.signing import SigningKey, load_key, sign_head
+from conftest import copy_db
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = SigningKey(b"k" * 32, "test")
@@ -213,7 +214,7 @@ INERT = [reformat_payload_whitespace]
 
 def _tampered(signed_db: Path, tmp_path: Path, attack) -> Path:
     path = tmp_path / "tampered.duckdb"
-    shutil.copy(signed_db, path)
+    copy_db(signed_db, path)
     con = duckdb.connect(str(path))
     try:
         attack(con)
