@@ -75,10 +75,13 @@ def peak_rss_mb() -> float:
 
 
 def repeated_cases(base: Sequence[Case], n: int) -> list[Case]:
-    """The first n cases of `base` repeated, each copy under its own case id (so the leakage guard
-    does not hide a case's own memory items from its copies)."""
+    """The first n cases of `base` repeated, each copy under its own case id and with its question
+    marked as the k-th repeat: the leakage guard matches content too (store/case_content.py), so an
+    exact copy would be hidden from its original's memory items; a marked copy still retrieves them."""
     rounds = (n + len(base) - 1) // len(base)
-    return [c.model_copy(update={"case_id": f"{c.case_id}-{k}"}) for k in range(rounds) for c in base][:n]
+    return [c.model_copy(update={"case_id": f"{c.case_id}-{k}",
+                                 **({"question": f"{c.question} (repeat {k})"} if k else {})})
+            for k in range(rounds) for c in base][:n]
 
 
 def time_cases(ctx, cases: Sequence[Case], per_stage: bool = False,

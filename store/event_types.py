@@ -58,7 +58,7 @@ class RunStarted(GrowingPayload):
 
 
 @event("memory.seeded")
-class MemorySeeded(EventPayload):
+class MemorySeeded(GrowingPayload):
     """Offline (train → test) mode: the memory events of a finished run, copied verbatim.
 
     Folding them gives this run the source run's memory at `source_seq` without reading the
@@ -72,6 +72,11 @@ class MemorySeeded(EventPayload):
     source_backbone: str
     events: list[dict[str, Any]]
     """Each {seq, type, schema_version, payload} as stored in the source run."""
+    source_cases: dict[str, str] = Field(default_factory=dict)
+    """Case id -> content key (store/case_content.py) of every case the source memory saw, so the
+    leakage guard also knows a test case that repeats a training case under another id."""
+
+    omit_if_default: ClassVar[frozenset[str]] = frozenset({"source_cases"})
 
 
 @event("case.received")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from grandrounds.store import event_types as ev
+from grandrounds.store.case_content import content_key
 from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.events import EventPayload, StoredEvent, payload_class, upcast
@@ -23,8 +24,9 @@ from grandrounds.store.memory_state import MemoryState
 from grandrounds.store.policy_memory import import_part, part_for
 from grandrounds.store.safe_codec import CheckpointFormatError, decode, encode
 
-PROJECTION_VERSION = 4  # 2: policy memory parts, memory.seeded; 3: safe checkpoint format (pickles refused);
+PROJECTION_VERSION = 5  # 2: policy memory parts, memory.seeded; 3: safe checkpoint format (pickles refused);
 # 4: Evo-MedAgent's memory is a part too (its rules, episodes and indexes moved out of the projection)
+# 5: content keys of the cases seen (the leakage guard by content)
 CHECKPOINT_NAME = "memory"
 
 CHECKPOINT_SCHEMA = """CREATE TABLE IF NOT EXISTS checkpoints (
@@ -40,6 +42,10 @@ class MemoryProjection:
         self.exact_limit = exact_limit
         self.state = MemoryState()
         self.last_chain: str | None = None
+        self.content_of: dict[str, str] = {}
+        """case id -> its content key (store/case_content.py), for every case this memory has seen."""
+        self.cases_by_content: dict[str, list[str]] = {}
+        """content key -> the cases that carried it, in the order seen."""
         self._cache: EmbeddingCache | None = None  # not saved in checkpoints
 
     def bind(self, cache: EmbeddingCache) -> "MemoryProjection":
@@ -49,6 +55,18 @@ class MemoryProjection:
     @property
     def seq(self) -> int:
         return self.state.last_seq
+
+    def own_cases(self, case_id: str) -> frozenset[str]:
+        """The case and every case of the same content this memory has seen (renamed, options shuffled,
+        or a training case a frozen split repeats): the leakage guard skips memory derived from any."""
+        key = self.content_of.get(case_id)
+        return frozenset((case_id, *self.cases_by_content.get(key, ()))) if key else frozenset((case_id,))
+
+    def _note_content(self, case_id: str, key: str | None) -> None:
+        if key is None or case_id in self.content_of:
+            return
+        self.content_of[case_id] = key
+        self.cases_by_content.setdefault(key, []).append(case_id)
 
     def embed(self, text: str) -> np.ndarray:
         assert self._cache is not None, "projection not bound to an embedding cache"
@@ -63,6 +81,8 @@ class MemoryProjection:
         if isinstance(payload, ev.MemorySeeded):
             self._seed(seq, payload)
             return
+        if isinstance(payload, ev.CaseReceived):
+            self._note_content(payload.case.get("case_id", ""), content_key(payload.case))
         if isinstance(payload, ev.RunStarted):
             self.state.policy_memory = part_for(payload.policy_name, self.dim, self.exact_limit)
         self.state.apply(seq, payload)
@@ -76,6 +96,8 @@ class MemoryProjection:
         for item in seeded.events:
             data = upcast(item["type"], item["schema_version"], item["payload"])
             self.apply(item["seq"] - base, payload_class(item["type"]).model_validate(data))
+        for case_id, key in seeded.source_cases.items():  # the source's cases, for the guard by content
+            self._note_content(case_id, key)
         self.state.last_seq = seq
 
 

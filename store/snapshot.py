@@ -13,7 +13,8 @@ from __future__ import annotations
 from grandrounds.store.errors import InvalidInput
 from typing import Any
 
-from grandrounds.store.event_types import MemorySeeded, RunStarted
+from grandrounds.store.case_content import content_key
+from grandrounds.store.event_types import CaseReceived, MemorySeeded, RunStarted
 from grandrounds.store.events import payload_class
 from grandrounds.store.eventstore import EventStore
 
@@ -28,6 +29,7 @@ def memory_snapshot(store: EventStore, run_id: str) -> MemorySeeded:
     head_seq, head_chain = store.head(run_id)
     started: RunStarted | None = None
     events: list[dict[str, Any]] = []
+    cases: dict[str, str] = {}
     for e in store.iter(run_id):
         if e.type == RunStarted.event_type:
             started = e.decode()  # type: ignore[assignment]
@@ -37,11 +39,17 @@ def memory_snapshot(store: EventStore, run_id: str) -> MemorySeeded:
             inner: MemorySeeded = e.decode()  # type: ignore[assignment]
             base = inner.source_seq + 1
             events += [dict(item, seq=item["seq"] - base) for item in inner.events]
+            cases.update(inner.source_cases)
+        elif e.type == CaseReceived.event_type:
+            key = content_key(e.payload["case"])
+            if key is not None and e.case_id is not None:
+                cases.setdefault(e.case_id, key)
         elif payload_class(e.type).carries_memory:
             events.append({"seq": e.seq, "type": e.type, "schema_version": e.schema_version, "payload": e.payload})
     assert started is not None
     return MemorySeeded(source_run=run_id, source_seq=head_seq, source_chain=head_chain or "",
-                        source_policy=started.policy_name, source_backbone=started.backbone, events=events)
+                        source_policy=started.policy_name, source_backbone=started.backbone, events=events,
+                        source_cases=cases)
 
 
 def source_of(seeded: MemorySeeded) -> dict[str, Any]:

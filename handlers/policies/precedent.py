@@ -47,10 +47,11 @@ class PrecedentMemory(MemoryPolicy):
         episodes: list[RetrievedEpisode] = []
         lines: list[str] = []
         if cfg.k and len(mem.episode_index):
+            own = proj.own_cases(case.case_id)  # the case and its content twins
             for label, rel in mem.episode_index.search(proj.embed(ctx.retrieval_text(case.question, case.case_id)),
-                                                       cfg.k + 1):
+                                                       cfg.k + len(own)):
                 ep = mem.episodes[mem.episode_by_label[label]]
-                if ep.case_id == case.case_id or rel < cfg.floor:  # leakage guard, relevance floor
+                if ep.case_id in own or rel < cfg.floor:  # leakage guard, relevance floor
                     continue
                 if len(episodes) == cfg.k:
                     break

@@ -8,6 +8,8 @@ scoring functions first, then `EvoMedAgentMemory`, the stage-facing mechanism.
 
 from __future__ import annotations
 
+from typing import Iterable
+from grandrounds.store.case_content import own_set
 import math
 
 import numpy as np
@@ -88,17 +90,17 @@ def _r6(x: float) -> float:
     return round(float(x), 6)
 
 
-def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, query: np.ndarray,
+def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, own: str | Iterable[str], query: np.ndarray,
                  case_tokens: set[str] | None = None):
     """Top rules by Evo-MedAgent's composite score among the nearest `candidate_pool` by cosine.
 
     Returns (rule, relevance, utility, score) tuples, best first; ties by creation order.
     """
-    state = evo_memory(proj)
+    state, own = evo_memory(proj), own_set(own)
     scored = []
     for label, relevance in state.rule_index.search(query, cfg.candidate_pool):
         rule = state.rules[state.rule_by_label[label]]
-        if case_id in rule.derived_from:  # leakage guard
+        if not own.isdisjoint(rule.derived_from):  # leakage guard: the case, or a case of the same content
             continue
         if case_tokens is not None and cfg.rule_floor > 0 and not rule_matches(rule.trigger, rule.text, case_tokens,
                                                                                cfg.rule_floor):
@@ -110,14 +112,16 @@ def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, q
     return [(r, rel, u, -neg) for neg, _, r, rel, u in scored[: cfg.top_k_rules]]
 
 
-def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case_id: str, query: np.ndarray,
+def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, own: str | Iterable[str], query: np.ndarray,
                     floor: float = -1.0):
-    """Top episodes by cosine at or above the floor, excluding the case's own: (episode, relevance) tuples."""
+    """Top episodes by cosine at or above the floor, excluding the case's own (and its content twins'):
+    (episode, relevance) tuples."""
+    own = own_set(own)
     out = []
     mem = evo_memory(proj)
-    for label, relevance in mem.episode_index.search(query, cfg.top_k_episodes + 1):
+    for label, relevance in mem.episode_index.search(query, cfg.top_k_episodes + len(own)):
         ep = mem.episodes[mem.episode_by_label[label]]
-        if ep.case_id != case_id and relevance >= floor:  # leakage guard, relevance floor
+        if ep.case_id not in own and relevance >= floor:  # leakage guard, relevance floor
             out.append((ep, relevance))
     return out[: cfg.top_k_episodes]
 
@@ -127,19 +131,20 @@ def evo_retrieve(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case: Case, mem
     """`question`: the case's question as retrieval reads it (de-identified, `RunContext.retrieval_text`)."""
     state = evo_memory(proj)
     query = proj.embed(case.question if question is None else question)
+    own = proj.own_cases(case.case_id)  # leakage guard: the case and its content twins
     mcq = case.kind == "mcq"  # the floors are for MCQ cases (FHIR tasks and OSCE dialogues keep the paper's retrieval)
 
     rules: list[RetrievedRule] = []
     if cfg.procedural and cfg.top_k_rules and len(state.rule_index):
         rules = [RetrievedRule(rule_id=r.rule_id, text=r.text, trigger=r.trigger, priority=r.priority,
                                relevance=_r6(rel), utility=_r6(u), score=_r6(s))
-                 for r, rel, u, s in select_rules(proj, cfg, case.case_id, query,
+                 for r, rel, u, s in select_rules(proj, cfg, own, query,
                                                   content_tokens(case.question) if mcq else None)]
 
     episodes: list[RetrievedEpisode] = []
     precedents: list[str] = []
     if cfg.episodic and cfg.top_k_episodes and len(state.episode_index):
-        for ep, rel in select_episodes(proj, cfg, case.case_id, query, cfg.episode_floor if mcq else -1.0):
+        for ep, rel in select_episodes(proj, cfg, own, query, cfg.episode_floor if mcq else -1.0):
             episodes.append(RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary=ep.summary,
                                              guideline=ep.guideline, trigger=ep.trigger, relevance=_r6(rel)))
             precedents.append(episode_precedent(ep))

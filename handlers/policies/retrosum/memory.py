@@ -9,6 +9,8 @@ seqs), so a resumed case never stores its experience twice.
 
 from __future__ import annotations
 
+from typing import Iterable
+from grandrounds.store.case_content import own_set
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,16 +60,17 @@ class ExperienceMemory:
         if seq >= 0:
             self.reflected_here.add(exp.source_case_id)
 
-    def nearest(self, query: np.ndarray, k: int, exclude_case: str) -> list[tuple[Experience, float]]:
+    def nearest(self, query: np.ndarray, k: int, exclude_case: str | Iterable[str]) -> list[tuple[Experience, float]]:
         """The k experiences closest to `query` by cosine, best first (ties: the older), never one
         derived from `exclude_case` (leakage guard). Searches k + that case's own count, so the
         guard never costs a result."""
         if k <= 0 or not self.by_label:
             return []
-        own = len(self.labels_of_case.get(exclude_case, ()))
+        excluded = own_set(exclude_case)  # the case and its content twins
+        own = sum(len(self.labels_of_case.get(c, ())) for c in excluded)
         hits = self.index.search(query, k + own)
         out = [(self.by_label[label], cos) for label, cos in hits
-               if self.by_label[label].source_case_id != exclude_case]
+               if self.by_label[label].source_case_id not in excluded]
         return out[:k]
 
     def audit_items(self) -> list[dict]:

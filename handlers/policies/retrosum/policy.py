@@ -13,6 +13,7 @@ loop's: handlers/agent/protocol.py aligns a tag-less final answer to an option.
 
 from __future__ import annotations
 
+from typing import Iterable
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.policies.base import SUMMARISER, MemoryPolicy, ask_or_fail
 from grandrounds.handlers.policies.fhir_lessons import fhir_terms
@@ -39,7 +40,7 @@ def bank(ctx) -> ExperienceMemory:
     return part
 
 
-def select(part: ExperienceMemory, query, cfg: RetroSumPolicy, case_id: str) -> list[tuple[Experience, float]]:
+def select(part: ExperienceMemory, query, cfg: RetroSumPolicy, case_id: str | Iterable[str]) -> list[tuple[Experience, float]]:
     """The top-k experiences of other cases whose patient context is at least `min_similarity` close."""
     return [(exp, cos) for exp, cos in part.nearest(query, cfg.top_k, exclude_case=case_id)
             if cos >= cfg.min_similarity]
@@ -89,7 +90,7 @@ class RetroSumMemory(MemoryPolicy):
         items: list[MemoryItem] = []
         if len(part) and cfg.top_k and (cfg.actor_lessons or cfg.summariser_lessons):
             query = ctx.projection.embed(patient_context(ctx.retrieval_text(case.question, case.case_id)))
-            for exp, cos in select(part, query, cfg, case.case_id):
+            for exp, cos in select(part, query, cfg, ctx.projection.own_cases(case.case_id)):
                 items += experience_items(exp, cos, cfg)
         actor = [i for i in items if i.detail.get("audience") != SUMMARISER]
         return MemoryRetrieved(memory_seq=memory_seq, items=items, prefix=render_items([(ACTOR_TITLE, actor)]))

@@ -59,6 +59,7 @@ def skill_lookup(ctx, cfg: SelsmPolicy, view: CaseView, stage1: dict | None = No
     # de-identified, as the records they are compared with were stored.
     query = ctx.retrieval_text(view.question.strip(), view.case_id)
     stage1 = {} if stage1 is None else stage1
+    own = proj.own_cases(view.case_id)  # leakage guard: the case and its content twins
 
     def lookup(state: str) -> list[MemoryItem]:
         if not part.records or cfg.top_m_skills == 0:
@@ -68,11 +69,11 @@ def skill_lookup(ctx, cfg: SelsmPolicy, view: CaseView, stage1: dict | None = No
             key = (view.case_id, len(part.records))
             if stage1.get("key") != key:
                 stage1.update(key=key, candidates=candidate_records(part, proj.embed(query), cfg.top_q_records,
-                                                                    view.case_id))
-            hits = two_stage(part, proj.embed(query), state_vec, view.case_id, cfg.top_q_records,
+                                                                    own))
+            hits = two_stage(part, proj.embed(query), state_vec, own, cfg.top_q_records,
                              cfg.state_threshold, cfg.top_m_skills, stage1["candidates"])
         else:
-            hits = state_only(part, state_vec, view.case_id, cfg.state_threshold, cfg.top_m_skills,
+            hits = state_only(part, state_vec, own, cfg.state_threshold, cfg.top_m_skills,
                               cfg.transition_pool)
         return [_item(h) for h in hits]
 

@@ -17,6 +17,8 @@ The leakage guard is here: records distilled from the case being answered are ne
 
 from __future__ import annotations
 
+from typing import Iterable
+from grandrounds.store.case_content import own_set
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,9 +51,10 @@ class TransitionHit:
 
 
 def candidate_records(mem: SelsmMemory, query_vec: np.ndarray, top_q: int,
-                      case_id: str) -> list[tuple[int, float]]:
-    """Stage 1: (record position, query cosine) of the top Q records, best first; never the case's own."""
-    own = set(mem.by_case.get(case_id, ()))
+                      case_id: str | Iterable[str]) -> list[tuple[int, float]]:
+    """Stage 1: (record position, query cosine) of the top Q records, best first; never the case's own
+    (nor those of a case of the same content: `case_id` may be the set `MemoryProjection.own_cases`)."""
+    own = {p for c in own_set(case_id) for p in mem.by_case.get(c, ())}
     hits = mem.record_index.search(query_vec, top_q + len(own))
     return [(label, _r6(score)) for label, score in hits if label not in own][:top_q]
 
@@ -63,7 +66,8 @@ def rank(candidates: list[TransitionHit], theta: float, top_m: int) -> list[Tran
     return kept[:top_m]
 
 
-def two_stage(mem: SelsmMemory, query_vec: np.ndarray, state_vec: np.ndarray, case_id: str, top_q: int,
+def two_stage(mem: SelsmMemory, query_vec: np.ndarray, state_vec: np.ndarray, case_id: str | Iterable[str],
+              top_q: int,
               theta: float, top_m: int, candidates: list[tuple[int, float]] | None = None) -> list[TransitionHit]:
     """The paper's retrieval: stage 1 anchors on the query, stage 2 ranks the pooled transitions.
     `candidates`: stage 1's result when the caller already has it (it depends on the query only)."""
@@ -77,13 +81,14 @@ def two_stage(mem: SelsmMemory, query_vec: np.ndarray, state_vec: np.ndarray, ca
     return rank(pooled, theta, top_m)
 
 
-def state_only(mem: SelsmMemory, state_vec: np.ndarray, case_id: str, theta: float, top_m: int,
+def state_only(mem: SelsmMemory, state_vec: np.ndarray, case_id: str | Iterable[str], theta: float, top_m: int,
                pool: int) -> list[TransitionHit]:
     """The no-two-stage ablation: the nearest transitions by state cosine across all records."""
     pooled: list[TransitionHit] = []
-    for label, score in mem.state_index.search(state_vec, pool + mem.own_transitions(case_id)):
+    own = own_set(case_id)
+    for label, score in mem.state_index.search(state_vec, pool + sum(mem.own_transitions(c) for c in own)):
         pos, j = mem.state_owner[label]
         rec = mem.records[pos]
-        if rec.source_case_id != case_id:  # leakage guard
+        if rec.source_case_id not in own:  # leakage guard
             pooled.append(TransitionHit(rec, j, _r6(score), None))
     return rank(pooled[:pool], theta, top_m)

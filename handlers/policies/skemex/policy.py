@@ -56,7 +56,8 @@ class SkeMexMemory(MemoryPolicy):
         chosen: list[retrieval.Scored] = []
         if cfg.top_k and mem.indexes:
             query = ctx.projection.embed(ctx.retrieval_text(case.question, case.case_id))
-            pool = retrieval.candidates(mem, cfg, case.case_id, case.category, case_tools(ctx, case), query)
+            pool = retrieval.candidates(mem, cfg, ctx.projection.own_cases(case.case_id), case.category,
+                                      case_tools(ctx, case), query)
             chosen = retrieval.select(pool, cfg)
         items = [MemoryItem(kind="skill", item_id=c.skill.skill_id, text=item_text(c.skill),
                             trigger=list(c.skill.body.trigger), relevance=r6(c.similarity), score=r6(c.score),

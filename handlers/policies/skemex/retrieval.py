@@ -10,6 +10,8 @@ then the best remaining.
 
 from __future__ import annotations
 
+from typing import Iterable
+from grandrounds.store.case_content import own_set
 import math
 from dataclasses import dataclass
 
@@ -51,15 +53,15 @@ def buckets_for(category: str, tools: list[str]) -> list[str]:
     return ["general", f"task:{category}", *[f"action:{t}" for t in sorted(tools)]]
 
 
-def candidates(mem: SkillMemory, cfg: SkeMexPolicy, case_id: str, category: str, tools: list[str],
+def candidates(mem: SkillMemory, cfg: SkeMexPolicy, own: str | Iterable[str], category: str, tools: list[str],
                query: np.ndarray) -> list[Scored]:
-    available = set(tools)
+    available, own = set(tools), own_set(own)
     out: list[Scored] = []
     for bucket in buckets_for(category, tools):
         for skill, sim in mem.search(bucket, query, cfg.candidate_pool):
             if sim < cfg.min_similarity:
                 break  # best first: the rest are below the threshold too
-            if case_id in skill.derived_from:  # leakage guard
+            if not own.isdisjoint(skill.derived_from):  # leakage guard: the case or a case of the same content
                 continue
             if not set(skill.body.required_tools) <= available:
                 continue
