@@ -9,15 +9,18 @@ as a 404 page with their message.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from grandrounds.handlers.deidentify import PLACEHOLDERS
 from grandrounds.replay.audit_common import AuditInputError, short
 from grandrounds.replay.caselog import UnknownRun
 from grandrounds.store.eventstore import EventStore
@@ -25,10 +28,27 @@ from grandrounds.ui import pages
 
 INPUT_ERRORS = (AuditInputError, UnknownRun)
 
+_MARKED = re.compile(r"\[(erased|" + "|".join(p[1:-1] for p in PLACEHOLDERS.values()) + r")\]")
+
+
+def marked(text) -> Markup:
+    """Text with erased content and de-identification placeholders shown as such: "[erased]" (its
+    subject's key was destroyed) and "[NAME]", "[MRN]", ... (an identifier replaced before the item
+    became memory) become labelled spans; the text around them is escaped as usual. The view only
+    ever has the stored, opened text: an erased original is not in the process to be shown."""
+    def span(m: re.Match) -> str:
+        kind = m.group(1)
+        if kind == "erased":
+            return '<span class="redacted erased" title="erased: the subject\'s key was destroyed">[erased]</span>'
+        return (f'<span class="redacted placeholder" data-placeholder="{kind}" '
+                f'title="placeholder: a {kind.lower()} was removed before this became memory">[{kind}]</span>')
+    return Markup(_MARKED.sub(span, str(escape("" if text is None else str(text)))))
+
 
 def _templates() -> Environment:
     env = Environment(loader=PackageLoader("grandrounds.ui", "templates"), autoescape=select_autoescape(["html"]))
     env.filters["short"] = short
+    env.filters["marked"] = marked
     env.filters["acc"] = lambda v: "–" if v is None else f"{v:.3f}"
     env.filters["fp"] = lambda v: v[:16] + "…" if v else "–"
     return env
