@@ -1,19 +1,21 @@
 """The cost of sealing case content (store/sealing.py) per case, side by side in one process.
 
-    python benchmarks/bench_sealing.py [--cases 200] [--json]
+    python benchmarks/bench_sealing.py [--cases 200] [--rounds 2] [--json]
 
 The same case stream (the example cases repeated, each copy its own case id and so its own subject:
 a new key appended and fsynced per case, the worst case) runs twice through the pipeline (sim
 backbone, Evo-MedAgent, warm embedding cache, one commit per case) into two fresh DuckDB files: one
 with the default codec (content sealed with AES-GCM-SIV, key file beside it), one without
-(`codec=None`, content in clear). Reported: per-case p50/p90/mean for each and the ratio; and the
-fingerprints, which must be equal (the fingerprint covers plaintext).
+(`codec=None`, content in clear), in ABBA order, `--rounds` passes each. Reported: per-case p50/p90/mean
+of each variant over its passes, the ratios, the load average (a loaded machine inflates both sides);
+and the fingerprints, which must all be equal (the fingerprint covers plaintext).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +35,7 @@ from grandrounds.store.eventstore import EventStore  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=2, help="passes of each variant (even; ABBA order)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     base, _ = load_cases(ROOT / "examples" / "cases.jsonl")
@@ -47,9 +50,12 @@ def main() -> None:
     wcache.flush()
     warm.close()
 
-    out = {}
-    for name, codec in (("clear", None), ("sealed", "auto")):
-        store = EventStore(tmp / f"{name}.duckdb", codec=codec)
+    # ABBA order (clear, sealed, sealed, clear, ...): a drift in the machine's load during the run
+    # weighs on both sides alike. Each pass is a fresh file (and, sealed, a fresh key file).
+    order = [("clear", None), ("sealed", "auto"), ("sealed", "auto"), ("clear", None)] * max(1, args.rounds // 2)
+    passes: dict[str, list[dict]] = {"clear": [], "sealed": []}
+    for i, (name, codec) in enumerate(order):
+        store = EventStore(tmp / f"{name}-{i}.duckdb", codec=codec)
         store.conn.execute(f"ATTACH '{tmp / 'warm.duckdb'}' AS w (READ_ONLY)")
         store.conn.execute(EmbeddingCache.SCHEMA)
         store.conn.execute("INSERT INTO embedding_cache SELECT * FROM w.embedding_cache")
@@ -57,21 +63,34 @@ def main() -> None:
         cache = EmbeddingCache(shared_minilm(), store.conn)
         ctx, _ = open_run(store, "r", spec, cache)
         times, commits = time_cases(ctx, cases)
-        out[name] = {"per_case_ms": ms_summary(times), "commit_ms": ms_summary(commits),
-                     "fingerprint": store.fingerprint("r"), "sealed": store.codec is not None}
+        passes[name].append({"times": times, "commits": commits, "fingerprint": store.fingerprint("r"),
+                             "sealed": store.codec is not None})
         store.close()
+    out = {}
+    for name, runs in passes.items():
+        times = [t for r in runs for t in r["times"]]
+        commits = [t for r in runs for t in r["commits"]]
+        out[name] = {"per_case_ms": ms_summary(times), "commit_ms": ms_summary(commits),
+                     "pass_p50_ms": [ms_summary(r["times"])["p50"] for r in runs],
+                     "fingerprint": runs[0]["fingerprint"], "sealed": runs[0]["sealed"]}
+    fingerprints = {r["fingerprint"] for runs in passes.values() for r in runs}
     ratio = out["sealed"]["per_case_ms"]["p50"] / out["clear"]["per_case_ms"]["p50"]
-    result = {"cases": len(cases), **out, "p50_ratio_sealed_over_clear": round(ratio, 3),
-              "fingerprints_equal": out["sealed"]["fingerprint"] == out["clear"]["fingerprint"],
+    mean_ratio = out["sealed"]["per_case_ms"]["mean"] / out["clear"]["per_case_ms"]["mean"]
+    result = {"cases": len(cases), "passes_each": len(passes["clear"]), **out,
+              "p50_ratio_sealed_over_clear": round(ratio, 3), "mean_ratio_sealed_over_clear": round(mean_ratio, 3),
+              "sealed_minus_clear_p50_ms": round(out["sealed"]["per_case_ms"]["p50"] - out["clear"]["per_case_ms"]["p50"], 3),
+              "fingerprints_equal": len(fingerprints) == 1, "load_average": list(os.getloadavg()),
               "peak_rss_mb": peak_rss_mb()}
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{len(cases)} cases, sim backbone, Evo-MedAgent, one commit per case, a new subject per case")
+    print(f"{len(cases)} cases x {len(passes['clear'])} passes each (ABBA), sim backbone, Evo-MedAgent, one commit "
+          f"per case, a new subject per case; load average {os.getloadavg()[0]:.1f}")
     for name in ("clear", "sealed"):
         s = out[name]["per_case_ms"]
-        print(f"  {name:7s} per case p50 {s['p50']:.3f} ms  p90 {s['p90']:.3f} ms  mean {s['mean']:.3f} ms")
-    print(f"  sealed / clear p50: {ratio:.3f}x   fingerprints equal: {result['fingerprints_equal']}")
+        print(f"  {name:7s} per case p50 {s['p50']:.3f} ms  p90 {s['p90']:.3f} ms  mean {s['mean']:.3f} ms  "
+              f"(pass p50s {out[name]['pass_p50_ms']})")
+    print(f"  sealed / clear p50: {ratio:.3f}x  mean: {mean_ratio:.3f}x   fingerprints equal: {result['fingerprints_equal']}")
 
 
 if __name__ == "__main__":
