@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grandrounds.store.errors import InvalidInput
 from grandrounds.store.sealing import SEALED_KEY, ContentErased
 
 ERASURES_SCHEMA = """CREATE TABLE IF NOT EXISTS erasures (
@@ -25,11 +26,11 @@ ERASURES_SCHEMA = """CREATE TABLE IF NOT EXISTS erasures (
     PRIMARY KEY (run_id, last_seq, subject_ref))"""
 
 
-class NoSuchSubject(LookupError):
+class NoSuchSubject(InvalidInput, LookupError):
     """Nothing of that subject is in this database (bad input)."""
 
 
-class NotSealed(RuntimeError):
+class NotSealed(InvalidInput, RuntimeError):
     """The database has no key file (content stored in clear): nothing can be crypto-shredded."""
 
 

@@ -28,14 +28,16 @@ import secrets
 import threading
 from pathlib import Path
 
+from grandrounds.store.errors import InvalidInput
+
 KEYS_ENV = "GRANDROUNDS_KEYS"
 """A key file to use instead of `<db>.keys` (Kafka workers that hand runs to each other share one)."""
 
 HEADER = "grandrounds-keyring"
 
 
-class KeyRingError(RuntimeError):
-    pass
+class KeyRingError(InvalidInput, RuntimeError):
+    """The key file is not one, or cannot take a key (a read-only database): fix the file or the call."""
 
 
 def _b64(b: bytes) -> str:

@@ -31,6 +31,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
 
 from grandrounds.store.canonical import canonical_json
+from grandrounds.store.errors import GrandroundsError
 from grandrounds.store.keyring import KeyRing, keys_path_for
 
 SEALED_KEY = "$sealed"
@@ -72,7 +73,7 @@ def is_erased_case(case: dict) -> bool:
     return case.get("erased") == ERASED and "case_id" not in case
 
 
-class ContentErased(LookupError):
+class ContentErased(GrandroundsError, LookupError):
     """Plaintext asked for (a fingerprint) of an event whose subject key is gone."""
 
 
