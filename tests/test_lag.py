@@ -21,8 +21,9 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, MAB_TASKS, ROOT, needs_medagentbench
 from fake_openai_server import FakeOpenAI
+from fhir_helpers import FhirFake, run_fhir
 from grandrounds.cli import main
 from grandrounds.handlers.cases import load_cases
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
@@ -31,7 +32,7 @@ from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.eventstore import EventStore
 from grandrounds.streams import lag as lag_module
 from grandrounds.streams.embedded import EmbeddedRunner, GroupCommit
-from llm_helpers import HashEmbedder, live_options, openai_spec, run
+from llm_helpers import SECRET, HashEmbedder, live_options, openai_spec, run
 
 
 @pytest.fixture(scope="module")
@@ -223,3 +224,29 @@ def test_the_kafka_producer_refuses_a_lagged_run(cases):
 
     with pytest.raises(ValueError, match="embedded runner only"):  # before any connection is tried
         asyncio.run(submit_run("127.0.0.1:9", "r", _sim(1), cases))
+
+
+@pytest.mark.slow
+@needs_medagentbench
+def test_medagentbench_tasks_run_ahead_through_the_sandbox_to_the_same_bytes(tmp_path, monkeypatch, caplog):
+    """FHIR tasks (the case the issue is about: rounds of ~48 s on the local model): the ahead pass acts
+    through its own FHIR tools (GETs only; POSTs are never sent), and tasks 2 and 3 of a lag-2 run are
+    shown no memory, since the first task's rule is learnt after they were pinned."""
+    caplog.set_level("WARNING", logger="grandrounds.lag")
+    env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
+    args = ("--protocol", "react", "--backbone", "openai", "--model", "fake-fhir", "--task-type", "1",
+            "--limit", "5", "--lag", "2", "--run-id", "lagged")
+    with FhirFake(delay_s=0.01, jitter_s=0.03) as server:
+        code, out = run_fhir(MAB_TASKS, tmp_path / "a.duckdb", *args, "--base-url", server.base_url, env=env)
+        assert code == 0, out
+        acts = [r["messages"][1]["content"] for r in server.requests
+                if r["messages"][0]["content"].startswith("You are an expert") and len(r["messages"]) == 2]
+        assert len(server.requests) == out["llm"]["calls"]  # nothing asked twice
+    assert out["correct"] == 5 and not [r for r in caplog.records if r.name == "grandrounds.lag"]
+    assert ["## Memory" in a for a in acts] == [False, False, False, True, True]
+    with EventStore(str(tmp_path / "a.duckdb"), read_only=True) as s:
+        assert "prefetched" in {e.meta["served"] for e in s.iter("lagged", types=["llm.exchange"])}
+    monkeypatch.setattr(lag_module, "_wire_prefetch", lambda backbone: (None, None))
+    with FhirFake() as server:
+        code, again = run_fhir(MAB_TASKS, tmp_path / "b.duckdb", *args, "--base-url", server.base_url, env=env)
+    assert code == 0 and again["fingerprint"] == out["fingerprint"]
