@@ -103,8 +103,9 @@ class LagPipeline:
         """Pin cases start .. start+lag (their versions are all in the log or live now) and send them
         ahead; `interrupted`: case `start` is half done (it is finished in order, not sent ahead)."""
         ctx = self.ctx
-        wanted = {i: self._version_seq(i - 1 - self.lag, start) for i in range(start, min(start + self.lag + 1,
-                                                                                         len(self.cases)))}
+        window = range(start, min(start + self.lag + 1, len(self.cases)))
+        ends = self._version_seqs({i - 1 - self.lag for i in window})
+        wanted = {i: ends[i - 1 - self.lag] for i in window}
         live = ctx.projection.seq
         folded = projections_at(ctx.writer.store, ctx.run_id, ctx.projection._cache,
                                 [s for s in wanted.values() if s != live], ctx.projection.exact_limit)
@@ -113,17 +114,27 @@ class LagPipeline:
             if not (interrupted and i == start):
                 self._send_ahead(i)
 
-    def _version_seq(self, j: int, start: int) -> int:
-        """The seq memory version "end of case j" ends at (j < 0: before the first case), from the log."""
+    def _version_seqs(self, cases: set[int]) -> dict[int, int]:
+        """The seq each memory version "end of case j" ends at (j < 0: before the first case), read from
+        the log in one pass over its `case.completed` events."""
         store, run_id = self.ctx.writer.store, self.ctx.run_id
-        if j >= 0:
+        out: dict[int, int] = {}
+        if any(j < 0 for j in cases):
+            received = store.iter(run_id, types=[ev.CaseReceived.event_type], batch=1)
+            first = next(received, None)
+            received.close()
+            before = first.seq - 1 if first is not None else self.ctx.projection.seq
+            out.update({j: before for j in cases if j < 0})
+        wanted = {j for j in cases if j >= 0}
+        if wanted:
             for e in store.iter(run_id, types=[ev.CaseCompleted.event_type]):
-                if e.decode().index == j:
-                    return e.seq
-            raise ValueError(f"run {run_id!r}: case {j} is not completed in the log")
-        for e in store.iter(run_id, types=[ev.CaseReceived.event_type]):
-            return e.seq - 1
-        return self.ctx.projection.seq
+                index = e.decode().index
+                if index in wanted:
+                    out[index] = e.seq
+        missing = sorted(wanted - set(out))
+        if missing:
+            raise ValueError(f"run {run_id!r}: case {missing[0]} is not completed in the log")
+        return out
 
     def case_done(self, index: int) -> None:
         """Case `index` has emitted all its events: its end is the version case index+1+lag reads."""
