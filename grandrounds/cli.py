@@ -15,6 +15,18 @@ from grandrounds.errors import BAD_INPUT, discard_on_bad_input, fail, fail_for, 
 from grandrounds.output import render_run
 
 
+def schema_actions_apply(env: str, fhir_protocol: str | None, actions: str) -> bool:
+    """Whether `--actions` decides this run's turns: MCQ cases, AgentClinic doctors and the medagentbench
+    react loop. The official MedAgentBench protocol is the benchmark's verbatim text: `--actions schema`
+    with it is refused, `auto` leaves it text (and probes nothing)."""
+    if env == "medagentbench" and (fhir_protocol or "official") == "official":
+        if actions == "schema":
+            raise ValueError("--actions schema: the official MedAgentBench protocol is the benchmark's own text "
+                             "(GET/POST/FINISH); use --protocol react for schema-decoded turns")
+        return False
+    return True
+
+
 @main.command()
 @click.argument("cases_file", metavar="CASES.jsonl|TASKS.json", type=click.Path(dir_okay=False))
 @click.option("--db", default="grandrounds.duckdb", show_default=True, help="DuckDB file holding the event log.")
@@ -35,9 +47,10 @@ from grandrounds.output import render_run
 @click.option("--summary-every", default=10, show_default=True, type=click.IntRange(min=0),
               help="RetroSum: summarise the whole history every W agent steps (openai; 0 = off).")
 @click.option("--actions", type=click.Choice(["auto", "schema", "text"]), default="auto", show_default=True,
-              help="openai, MCQ cases: how agent turns are decoded. auto: probe once whether the server enforces "
-                   "json_schema, then decode each turn against a schema of its legal moves where it does (schema), "
-                   "else the <reasoning>/<tool>/<response> text protocol (text). Recorded in run.started.")
+              help="openai: how agent turns are decoded (MCQ cases, AgentClinic doctor turns, the medagentbench react "
+                   "loop; the official MedAgentBench protocol is always its own text). auto: probe once whether the "
+                   "server enforces json_schema, then decode each turn against a schema of its legal moves where it "
+                   "does (schema), else the text protocol (text). Recorded in run.started.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0), metavar="K",
               help="Cases in flight: case i acts on the memory as of case i-1-K (its learning stages still run "
@@ -150,8 +163,9 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
                 raise ValueError(f"{cases_file}: a JSON array, not a JSONL case file; for MedAgentBench tasks add "
                                  "--env medagentbench --funcs funcs_v1.json --patients patients_from_snapshot.json")
             cases, source = load_cases(cases_file)
+        decodes = schema_actions_apply(env, fhir_protocol, actions)
         choice = choose_backbone(backbone, model, base_url, record_from, live_fallthrough, max_steps,
-                                 summary_every, actions if env == "cases" else "text", timeout)
+                                 summary_every, actions if decodes else "text", timeout)
         if judge_model and choice.name == "sim":
             raise ValueError("--judge-model: the sim backbone grades by string match; a judge model needs "
                              "--backbone openai (or record)")
@@ -171,7 +185,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
         run_spec = RunSpec(policy=pol, backbone=backbone, model=choice.model, seed=seed, lag=lag, tools=tools,
                            source=source, agent=choice.agent)
         if broker != "memory":  # Kafka transport: submit, wait on the changelog, summarise
-            if env == "cases":
+            if decodes:
                 run_spec = run_spec.model_copy(update={"actions": settle_actions(choice, base_url, timeout)})
             if memory_from:
                 raise ValueError("--memory-from runs on the embedded runner only (omit --broker)")
@@ -190,7 +204,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
 
     if backbone == "openai" and (not choice.record_from or live_fallthrough):
         _preflight(base_url, choice.model, as_json)  # before anything is opened or written
-        if env == "cases":  # probe json_schema once (after the preflight), record the verdict in run.started
+        if decodes:  # probe json_schema once (after the preflight), record the verdict in run.started
             try:
                 run_spec = run_spec.model_copy(update={"actions": settle_actions(choice, base_url, timeout)})
             except BAD_INPUT as exc:

@@ -42,9 +42,13 @@ SIM_NOTE = ("sim backbone: scripted doctor (asks fixed questions, requests each 
                                          "default agentclinic.duckdb).")
 @click.option("--run-id", default=None, help="Run id for the recorded exchanges (default: derived, numbered on reruns).")
 @click.option("--record-from", default=None, metavar="RUN", help="record backend: the run of --db to serve.")
+@click.option("--actions", type=click.Choice(["auto", "schema", "text"]), default="auto", show_default=True,
+              help="openai: how the doctor's turns are decoded. auto: probe once whether the server enforces "
+                   "json_schema and decode each turn against a schema of its legal moves (question, test, diagnosis) "
+                   "where it does, else AgentClinic's text. record: the recorded run's mode.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def agentclinic(cases_file, backbone, model, base_url, judge_model, judge_base_url, timeout, max_attempts, max_turns,
-                limit, db, run_id, record_from, as_json):
+                limit, db, run_id, record_from, actions, as_json):
     """Run AgentClinic OSCE CASES.jsonl (agentclinic_medqa*.jsonl or agentclinic_nejm*.jsonl)."""
     from grandrounds.bench_models import bench_model, check_options
     from grandrounds.handlers.agent.osce_runner import run_osce_cases
@@ -76,11 +80,13 @@ def agentclinic(cases_file, backbone, model, base_url, judge_model, judge_base_u
                        leave=False)
 
             judge_gw = _judge_gateway(bm, judge_model, judge_base_url, timeout)
+            decoding = _doctor_actions(bm, actions, model, base_url, timeout, db, record_from)
 
             async def go():
                 try:
                     return await run_osce_cases(cases, max_turns, bm.gateway, bm.log, differential,
-                                                on_case=lambda r: bar.update(1), judge_gateway=judge_gw)
+                                                on_case=lambda r: bar.update(1), judge_gateway=judge_gw,
+                                                actions=decoding["mode"] if decoding else "text")
                 finally:
                     for gw in {id(g): g for g in (bm.gateway, judge_gw) if g is not None}.values():
                         await gw.aclose()
@@ -105,6 +111,7 @@ def agentclinic(cases_file, backbone, model, base_url, judge_model, judge_base_u
     if llm is not None:
         out["llm"] = llm
         out["db"] = db
+        out["actions"] = decoding
     if as_json:
         click.echo(json.dumps(out))
         return
@@ -137,3 +144,23 @@ def _judge_gateway(bm, judge_model: str | None, judge_base_url: str | None, time
 
     transport = bm.gateway.transport if bm.backbone == "record" else live_transport(judge_base_url, None, timeout)
     return LLMGateway(transport, judge_model, params={"temperature": 0.0}, retry=bm.gateway.retry)
+
+
+def _doctor_actions(bm, requested: str, model: str | None, base_url: str | None, timeout: float, db: str | None,
+                    record_from: str | None) -> dict[str, str] | None:
+    """How the doctor's turns are decoded: None for sim; a record re-execution takes the recorded run's mode
+    (schema when its doctor turns carried the DoctorTurn schema), never probing; a live run settles
+    `--actions` as `grandrounds run` does (`auto` probes the server once)."""
+    if bm.gateway is None:
+        return None
+    if bm.backbone == "record":
+        from grandrounds.handlers.agent.actions import DOCTOR_SCHEMA_NAME
+        from grandrounds.handlers.llm.record import RecordedExchanges
+
+        recorded = RecordedExchanges.from_store(bm.log.store, record_from)
+        schema = any(((x.params.get("response_format") or {}).get("json_schema") or {}).get("name")
+                     == DOCTOR_SCHEMA_NAME for q in recorded.by_hash.values() for x in q)
+        return {"mode": "schema" if schema else "text", "json_schema": "recorded"}
+    from grandrounds.backbone_choice import choose_actions
+
+    return choose_actions(requested, model, base_url, timeout)

@@ -192,14 +192,46 @@ class FakeOpenAI:
         if rf and rf.get("type") == "json_schema" and not self.schema_supported:
             return 400, {"error": {"message": "response_format json_schema is not supported", "type": "invalid"}}, {}
         schema_name = (rf or {}).get("json_schema", {}).get("name")
-        if schema_name == "Probe":  # the json_schema probe: an enforcing server returns the schema's only value
+        if action and action.startswith("raw:"):  # a scripted reply, verbatim (e.g. off-schema JSON)
+            text = action[len("raw:"):]
+        elif schema_name == "Probe":  # the json_schema probe: an enforcing server returns the schema's only value
             word = rf["json_schema"]["schema"]["properties"]["word"]["enum"][0]
             text = json.dumps({"word": word}) if self.schema_supported else "Hello!"
         elif schema_name == "AgentTurn" and action not in ("garbage",):  # schema-decoded agent turn
             text = self._as_schema_turn(self._text(kind, body["messages"], action))
+        elif schema_name == "DoctorTurn" and action != "garbage":  # an AgentClinic doctor turn, schema-decoded
+            text = self._as_doctor_turn(self._text(kind, body["messages"], action))
+        elif schema_name == "FhirTurn" and action != "garbage":  # a react FHIR turn, schema-decoded
+            text = self._as_fhir_turn(self._text(kind, body["messages"], action))
         else:
             text = self._text(kind, body["messages"], action)
         return 200, self.completion(body, text), {}
+
+    @staticmethod
+    def _as_doctor_turn(said: str) -> str:
+        """A text doctor utterance as the JSON move an enforcing server would return (AgentClinic's order);
+        a reply already written as JSON (a test's scripted move, on- or off-schema) is returned as is."""
+        if said.lstrip().startswith("{"):
+            return said
+        d = re.search(r"DIAGNOSIS READY\s*:\s*(.*)", said)
+        t = re.search(r"REQUEST TEST\s*:\s*(.*)", said)
+        action = {"diagnosis": d.group(1)} if d else {"test": t.group(1)} if t else {"question": said}
+        return json.dumps({"reasoning": "Working through the presentation.", "action": action})
+
+    @staticmethod
+    def _as_fhir_turn(text: str) -> str:
+        """A tag FHIR turn as the JSON an enforcing server would return for the turn's schema (JSON as is)."""
+        if text.lstrip().startswith("{"):
+            return text
+        reasoning = re.search(r"<reasoning>(.*?)</reasoning>", text, re.DOTALL)
+        response = re.search(r"<response>\s*FINISH\((.*)\)\s*</response>", text, re.DOTALL)
+        tool = re.search(r"<tool>(.*?)</tool>", text, re.DOTALL)
+        if response:
+            action = {"finish": json.loads(response.group(1))}
+        else:
+            call = json.loads(tool.group(1)) if tool else {"name": "?"}
+            action = {"tool": call["name"], "arguments": call.get("arguments", {})}
+        return json.dumps({"reasoning": reasoning.group(1) if reasoning else "", "action": action})
 
     @staticmethod
     def completion(body: dict, text: str) -> dict:

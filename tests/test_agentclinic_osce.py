@@ -248,14 +248,23 @@ class OsceFake(FakeOpenAI):
 DOCTOR = ["What brings you in today?", "REQUEST TEST: EMG", "DIAGNOSIS READY: Myasthenia gravis"]
 
 
-def test_openai_path_records_every_exchange_and_record_replays_it(cases_file, tmp_path):
+@pytest.mark.parametrize("actions", ["text", "auto"])
+def test_openai_path_records_every_exchange_and_record_replays_it(cases_file, tmp_path, actions):
+    """In AgentClinic's text turns, and (auto, the fake enforcing json_schema) in schema-decoded ones:
+    the same dialogue, the same words for the patient, the measurement tool and the judge."""
     db = str(tmp_path / "osce.duckdb")
     env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
     with OsceFake(DOCTOR * 2) as server:
         code, live = _cli([str(cases_file), "--backbone", "openai", "--model", "fake-doc", "--base-url",
-                           server.base_url, "--db", db, "--run-id", "live", "--max-turns", "5"], env)
+                           server.base_url, "--db", db, "--run-id", "live", "--max-turns", "5",
+                           "--actions", actions], env)
         requests = list(server.requests)
     assert code == 0, live
+    mode = "text" if actions == "text" else "schema"
+    assert live["actions"]["mode"] == mode
+    doctor_formats = {(r.get("response_format") or {}).get("json_schema", {}).get("name")
+                      for r in requests if r["messages"][0]["content"].startswith("You are a doctor")}
+    assert doctor_formats == ({None} if mode == "text" else {"DoctorTurn"})
     first, second = live["results"]
     assert first["correct"] and first["judge"] == "llm" and first["judge_reason"] == "moderator said 'Yes'"
     assert first["tests_requested"] == ["EMG"] and first["turns"] == 3
@@ -282,6 +291,7 @@ def test_openai_path_records_every_exchange_and_record_replays_it(cases_file, tm
     code, rec = _cli([str(cases_file), "--backbone", "record", "--record-from", "live", "--db", db,
                       "--max-turns", "5"], env)
     assert code == 0, rec
+    assert rec["actions"]["mode"] == mode  # the recorded run's mode, never re-probed
     assert rec["results"] == live["results"] and rec["llm"]["run_id"] == "live-record"
     assert rec["llm"]["fingerprint"] == fingerprint
     code, div = _cli([str(cases_file), "--backbone", "record", "--record-from", "live", "--db", db],

@@ -158,8 +158,14 @@ def test_openai_backbone_acts_and_reflects_and_the_record_backend_reserves_it(tm
     assert "## Memory" in second and "MRN lookups: GET Patient" in second and "option letter" not in second
     assert "S6534835" not in acts[0][1]["content"]  # the gold `sol` is never shown
     with EventStore(str(db), read_only=True) as s:
-        types = [e.type for e in s.read("m1")]
+        events = s.read("m1")
+        types = [e.type for e in events]
     assert types.count("llm.exchange") == 6 and "rule.added" in types
+    # the react loop's turns are schema-decoded where the server enforces json_schema (the default, auto)
+    assert events[0].payload["actions"] == {"json_schema": "enforced", "mode": "schema"}
+    assert all(r["response_format"]["json_schema"]["name"] == "FhirTurn" for r in server.requests
+               if r["messages"][0]["content"].startswith("You are an expert"))
+    assert {e.payload["source"] for e in events if e.type == "answer.given"} == {"llm:schema"}
 
     code, rec = run_fhir(TASKS, db, "--protocol", "react", "--backbone", "record", "--record-from", "m1", "--task-type", "1", "--limit", "2",
                      env=env)

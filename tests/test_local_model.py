@@ -154,6 +154,45 @@ def test_mcq_text_protocol_answer_is_the_models_own_and_replays(local_model, tmp
     assert code == 0 and ver["identical"] is True, ver
 
 
+OSCE_CASE = {"OSCE_Examination": {
+    "Objective_for_Doctor": "Assess and diagnose the patient presenting with double vision and weakness.",
+    "Patient_Actor": {"Demographics": "35-year-old female",
+                      "History": "One month of double vision and weak arms, worse in the evening, better after rest.",
+                      "Symptoms": {"Primary_Symptom": "Double vision", "Secondary_Symptoms": ["Arm weakness"]},
+                      "Past_Medical_History": "None.", "Social_History": "Non-smoker.",
+                      "Review_of_Systems": "No fever."},
+    "Physical_Examination_Findings": {"Neurological_Examination": {"Eyes": "Ptosis worse with upward gaze."}},
+    "Test_Results": {"Blood_Tests": {"Acetylcholine_Receptor_Antibodies": "Elevated"}},
+    "Correct_Diagnosis": "Myasthenia gravis"}}
+
+
+@pytest.mark.local_model
+def test_osce_doctor_schema_turns_render_agentclinic_text_and_replay(local_model, tmp_path):
+    """One OSCE case, two doctor turns, `--actions schema`: every doctor turn carries the DoctorTurn schema,
+    the last one can only be the diagnosis (so the case is diagnosed whatever the model says), the judge is
+    asked about `DIAGNOSIS READY: ...` in AgentClinic's words, and the run re-executes from its record."""
+    cases = tmp_path / "osce.jsonl"
+    cases.write_text(json.dumps(OSCE_CASE) + "\n")
+    db = str(tmp_path / "osce.duckdb")
+    common = ["agentclinic", str(cases), "--max-turns", "2", "--db", db]
+    local_model.ensure_started()
+    code, live = _run([*common, "--backbone", "openai", "--base-url", local_model.base_url, "--model", lm.MODEL_ALIAS,
+                       "--run-id", "live", "--actions", "schema", *SLOW])
+    assert code == 0, live
+    assert live["actions"]["mode"] == "schema" and live["results"][0]["status"] == "diagnosed", live
+    with EventStore(db, read_only=True) as store:
+        exchanges = [e.payload for e in store.iter("live", types=["llm.exchange"])]
+    doctor = [x for x in exchanges if x["stage"] == "act"]
+    assert len(doctor) == 2 and all(x["params"]["response_format"]["json_schema"]["name"] == "DoctorTurn"
+                                    for x in doctor)
+    judge = [x for x in exchanges if x["stage"] == "judge"]
+    assert judge and "dialogue: DIAGNOSIS READY: " in judge[0]["messages"][-1]["content"]
+    local_model.stop()
+    code, rec = _run([*common, "--backbone", "record", "--record-from", "live"], {"OPENAI_BASE_URL": DEAD_URL})
+    assert code == 0, rec
+    assert rec["results"] == live["results"] and rec["llm"]["fingerprint"] == live["llm"]["fingerprint"]
+
+
 @pytest.mark.local_model
 @needs_medagentbench
 def test_official_medagentbench_task_replays_with_server_stopped(local_model, tmp_path):

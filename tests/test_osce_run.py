@@ -259,3 +259,37 @@ def test_judge_model_without_agentclinic_is_refused(tmp_path):
 
     code, out = _invoke(["run", str(EXAMPLES), "--db", str(tmp_path / "x.duckdb"), "--judge-model", "m"])
     assert code == 2 and "--judge-model" in out["error"]
+
+
+def test_doctor_turns_are_schema_decoded_where_the_server_enforces_it_and_text_on_request(cases, tmp_path):
+    """`--actions auto` (default): one probe, then every doctor turn carries the DoctorTurn schema; the
+    mode is in run.started, each turn's reasoning is a step, the answer's source is `model:schema`, and
+    the run verifies from its record. `--actions text` keeps AgentClinic's text turns."""
+    env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
+    db = tmp_path / "schema.duckdb"
+    with OsceFake() as server:
+        code, out = _run(cases, db, "--limit", "1", "--backbone", "openai", "--model", "fake-doc",
+                         "--base-url", server.base_url, "--run-id", "s", env=env)
+        doctor = [r for r in server.requests if r["messages"][0]["content"].startswith("You are a doctor")]
+        judged = [r for r in server.requests if r["messages"][0]["content"].startswith("You are responsible")]
+    assert code == 0, out
+    assert doctor and all(r["response_format"]["json_schema"]["name"] == "DoctorTurn" for r in doctor)
+    assert judged[0]["messages"][1]["content"].endswith("dialogue: DIAGNOSIS READY: Myasthenia gravis\nAre these the same?")
+    events = _events(db, "s")
+    assert events[0].payload["actions"] == {"json_schema": "enforced", "mode": "schema"}
+    answer = next(e.payload for e in events if e.type == "answer.given")
+    assert answer["source"] == "model:schema" and answer["answer"] == "Myasthenia gravis"
+    kinds = [s["kind"] for s in answer["steps"]]
+    assert kinds.count("reasoning") == len(doctor) and "REQUEST TEST: Blood tests" in [s["content"] for s in answer["steps"]]
+    code, ver = _invoke(["verify", "--db", str(db), "s"])
+    assert code == 0 and ver["identical"], ver
+
+    with OsceFake() as server:
+        code, out = _run(cases, tmp_path / "text.duckdb", "--limit", "1", "--backbone", "openai", "--model",
+                         "fake-doc", "--base-url", server.base_url, "--run-id", "t", "--actions", "text", env=env)
+        doctor = [r for r in server.requests if r["messages"][0]["content"].startswith("You are a doctor")]
+    assert code == 0, out
+    assert doctor and all("response_format" not in r for r in doctor)
+    events = _events(tmp_path / "text.duckdb", "t")
+    answer = next(e.payload for e in events if e.type == "answer.given")
+    assert answer["source"] == "model" and "reasoning" not in [s["kind"] for s in answer["steps"]]

@@ -6,6 +6,9 @@ once per run by `probe_json_schema` and recorded in `run.started`), an MCQ turn 
 (`tool` an enum of the tools allowed at this step) or a response (`answer` an enum of the option
 letters). On the last step the schema offers only the response. The model cannot copy a
 placeholder or invent a tag variant: an answer it gives is one of the letters, by construction.
+The same for the AgentClinic doctor (a question, a test or the diagnosis, rendered back into
+AgentClinic's words) and the react FHIR loop (a call of one allowed function with its own arguments,
+or the FINISH list); the official MedAgentBench protocol is never schema-decoded.
 """
 
 from __future__ import annotations
@@ -101,3 +104,120 @@ async def probe_json_schema(transport, model: str) -> str:
     except TransportFailure as exc:
         return "rejected" if exc.kind == "bad_request" else "unreachable"
     return probe_verdict(reply.text, False)
+
+
+# -- AgentClinic OSCE doctor turns ---------------------------------------------------------------
+# The official doctor speaks text: a question, "REQUEST TEST: X" or "DIAGNOSIS READY: Y". A schema
+# turn is one of those three moves as JSON, rendered back into that text form (`render_doctor_move`)
+# before the patient, the measurement tool or the judge see it, so grading stays AgentClinic's.
+# The test is free text, as officially: the doctor is never shown the case's recorded test names.
+
+DOCTOR_SCHEMA_NAME = "DoctorTurn"
+
+
+def osce_action_schema(final: bool) -> dict[str, Any]:
+    """Reasoning, then one move: `question`, `test` or `diagnosis`; on the last turn only `diagnosis`."""
+    def move(key: str) -> dict[str, Any]:
+        return {"type": "object", "properties": {key: {"type": "string", "minLength": 1}},
+                "required": [key], "additionalProperties": False}
+
+    action: dict[str, Any] = move("diagnosis") if final else {"anyOf": [move("question"), move("test"),
+                                                                        move("diagnosis")]}
+    return {"type": "object",
+            "properties": {"reasoning": {"type": "string", "maxLength": REASONING_CHARS}, "action": action},
+            "required": ["reasoning", "action"], "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class DoctorMove:
+    kind: Literal["question", "test", "diagnosis", "invalid"]
+    reasoning: str
+    text: str = ""
+    """The question, the test name or the diagnosis; for `invalid` the corrective observation."""
+
+
+def render_doctor_move(move: DoctorMove) -> str:
+    """The move in AgentClinic's own words, as the official doctor would have said it."""
+    if move.kind == "diagnosis":
+        return f"DIAGNOSIS READY: {move.text}"
+    if move.kind == "test":
+        return f"REQUEST TEST: {move.text}"
+    return move.text
+
+
+def parse_osce_turn(text: str, final: bool) -> DoctorMove:
+    """A constrained doctor reply read back; anything off-schema is `invalid` with the corrective
+    observation (the turn is spent, nothing reaches the patient)."""
+    legal = '{"diagnosis": ...}' if final else '{"question": ...}, {"test": ...} or {"diagnosis": ...}'
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return DoctorMove("invalid", "", f"Format error: the reply is not one JSON object ({exc.msg}). "
+                                         f"Give \"reasoning\", then \"action\": {legal}.")
+    if not isinstance(data, dict):
+        return DoctorMove("invalid", "", "Format error: the reply must be one JSON object.")
+    reasoning = data.get("reasoning") if isinstance(data.get("reasoning"), str) else ""
+    action = data.get("action")
+    keys = ("diagnosis",) if final else ("question", "test", "diagnosis")
+    if isinstance(action, dict) and len(action) == 1:
+        (key, value), = action.items()
+        if key in keys and isinstance(value, str) and value.strip():
+            return DoctorMove(key, reasoning, value.strip())  # type: ignore[arg-type]
+    return DoctorMove("invalid", reasoning, f"Format error: the action must be exactly one of {legal}"
+                                            + (" (this is the final turn: give your diagnosis)." if final else "."))
+
+
+# -- MedAgentBench FHIR functions in the SkeMex-style loop -----------------------------------------
+# Only the react loop (`fhir_react.py`); the official protocol stays the benchmark's verbatim text.
+
+FHIR_SCHEMA_NAME = "FhirTurn"
+
+
+def _without_descriptions(schema: Any) -> Any:
+    """A function's parameter schema without its prose (the prompt lists it already): the grammar and
+    the recorded request stay small. A property *named* description is a schema (a dict), and stays."""
+    if isinstance(schema, dict):
+        return {k: _without_descriptions(v) for k, v in schema.items()
+                if not (k == "description" and isinstance(v, str))}
+    if isinstance(schema, list):
+        return [_without_descriptions(v) for v in schema]
+    return schema
+
+
+def fhir_action_schema(parameters: dict[str, dict[str, Any]], allowed: list[str]) -> dict[str, Any]:
+    """Reasoning, then one action: a call of one of the functions allowed now (`tool` an enum of that
+    one name, `arguments` that function's own parameter schema) or `finish` (the FINISH list). On the
+    last step (`allowed` empty) only `finish`."""
+    finish = {"type": "object",
+              "properties": {"finish": {"type": "array",
+                                        "items": {"anyOf": [{"type": "string"}, {"type": "number"}]}}},
+              "required": ["finish"], "additionalProperties": False}
+    calls = [{"type": "object",
+              "properties": {"tool": {"type": "string", "enum": [name]},
+                             "arguments": _without_descriptions(parameters.get(name) or {"type": "object"})},
+              "required": ["tool", "arguments"], "additionalProperties": False} for name in allowed]
+    action: dict[str, Any] = {"anyOf": [*calls, finish]} if calls else finish
+    return {"type": "object",
+            "properties": {"reasoning": {"type": "string", "maxLength": REASONING_CHARS}, "action": action},
+            "required": ["reasoning", "action"], "additionalProperties": False}
+
+
+def parse_fhir_schema_turn(text: str, allowed: list[str]) -> SchemaTurn:
+    """`response` carries the FINISH list as the text protocol would have written it (`json.dumps`),
+    so grading reads the same payload either way; off-schema is `invalid` with the corrective observation."""
+    legal = (f'{{"tool": one of {", ".join(allowed)}, "arguments": {{...}}}} or ' if allowed else "") + '{"finish": [...]}'
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return SchemaTurn("invalid", "", error=f"Format error: the reply is not one JSON object ({exc.msg}). "
+                                               f"Give \"reasoning\", then \"action\": {legal}.")
+    if not isinstance(data, dict):
+        return SchemaTurn("invalid", "", error="Format error: the reply must be one JSON object.")
+    reasoning = data.get("reasoning") if isinstance(data.get("reasoning"), str) else ""
+    action = data.get("action")
+    if isinstance(action, dict) and isinstance(action.get("finish"), list) and len(action) == 1:
+        return SchemaTurn("response", reasoning, answer=json.dumps(action["finish"]))
+    if isinstance(action, dict) and action.get("tool") in allowed and isinstance(action.get("arguments", {}), dict):
+        return SchemaTurn("tool", reasoning, tool=action["tool"], arguments=action.get("arguments", {}))
+    final = "" if allowed else " (functions are disabled on the final step)"
+    return SchemaTurn("invalid", reasoning, error=f"Format error: the action must be {legal}{final}.")

@@ -7,6 +7,9 @@ benchmark's `FINISH([...])` list. The FHIR calls land in `tools.trajectory`, whi
 reads (accepted POSTs and the FINISH payload), as the official evaluation does.
 `grandrounds run --env medagentbench` runs it as the act stage of the openai backbone (and
 `sim_fhir_agent` as the sim's), with the run's memory in the task prompt's memory block.
+With `actions="schema"` each turn is decoded against a JSON schema of its legal moves instead
+(`handlers/agent/actions.py`: reasoning, then a call of one function allowed now with that function's
+own arguments, or the FINISH list; on the last step only FINISH).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import re
 from datetime import datetime
 
+from grandrounds.handlers.agent.actions import FHIR_SCHEMA_NAME, fhir_action_schema, parse_fhir_schema_turn, response_format
 from grandrounds.handlers.agent.guard import FINAL_NOTICE, HistoryTurn, render
 from grandrounds.handlers.agent.protocol import _TAG, Turn
 from grandrounds.handlers.agent.react import AgentConfig, step_guidance
@@ -39,6 +43,18 @@ Available functions:
 
 FHIR_FINAL_NOTICE = ("[Final step: functions are disabled. Give <reasoning>...</reasoning> and then "
                      "<response>FINISH([...])</response> now.]")
+
+
+FHIR_SCHEMA_SYSTEM = """You are an expert in using FHIR functions to assist medical professionals.
+Every turn is one JSON object: "reasoning" (a few sentences on what you know and what is left to do), then
+"action": either {{"tool": "<function name>", "arguments": {{...}}}} to call one FHIR function (GET: the
+arguments are the query parameters; POST: the arguments are the JSON payload), or {{"finish": [...]}} when all
+requested tasks are done (the answers the question asks for, as in FINISH([...]); [] when nothing is asked back).
+You have at most {max_steps} turns; on the last one functions are disabled.
+Available functions:
+{functions}"""
+
+FHIR_SCHEMA_FINAL_NOTICE = "[Final step: functions are disabled. Give your reasoning, then your finish list, now.]"
 
 
 def functions_block(tools: FhirTools) -> str:
@@ -95,7 +111,11 @@ async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirToo
     """`step_memory`: per-step retrieval (SELSM), called before every decision with the trajectory
     state, as the MCQ loop does; its items are shown under "## Guidance for this step" and recorded
     as a `memory` step (their ids)."""
-    system = FHIR_SYSTEM.format(max_steps=cfg.max_steps, functions=functions_block(tools))
+    schema = cfg.actions == "schema"
+    system = (FHIR_SCHEMA_SYSTEM if schema else FHIR_SYSTEM).format(max_steps=cfg.max_steps,
+                                                                   functions=functions_block(tools))
+    notice = FHIR_SCHEMA_FINAL_NOTICE if schema else FHIR_FINAL_NOTICE
+    parameters = {name: f.parameters for name, f in tools.functions.items()}
     task = fhir_task_prompt(view, memory_prefix)
     history: list[HistoryTurn] = []
     transitions: list[tuple[str, str]] = []
@@ -107,18 +127,25 @@ async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirToo
             items = step_memory(agent_state(view.question, transitions))
             steps.append(AgentStep(kind="memory", content=",".join(i.item_id for i in items)))
             shown = step_guidance(items)
-        messages = [{**m, "content": m["content"].replace(FINAL_NOTICE, FHIR_FINAL_NOTICE)}
+        messages = [{**m, "content": m["content"].replace(FINAL_NOTICE, notice)}
                     for m in render(system, task + shown, history, step, final, cfg.guard)]
+        allowed = [] if final else tools.names
+        params = ({"response_format": response_format(fhir_action_schema(parameters, allowed), FHIR_SCHEMA_NAME)}
+                  if schema else None)
         try:
-            reply = await gateway.complete(messages, recorder, f"fhir-step-{step}")
+            reply = await gateway.complete(messages, recorder, f"fhir-step-{step}", params=params)
         except LLMUnavailable as exc:
             raise CaseFailure(f"model unavailable at step {step}: {exc}", steps) from None
-        turn = parse_fhir_turn(reply.text, tools.names, tools_allowed=not final)
+        if schema:
+            t = parse_fhir_schema_turn(reply.text, allowed)
+            turn = Turn(t.kind, t.reasoning, tool=t.tool, arguments=t.arguments or {}, answer=t.answer, error=t.error)
+        else:
+            turn = parse_fhir_turn(reply.text, tools.names, tools_allowed=not final)
         steps.append(AgentStep(kind="reasoning", content=turn.reasoning or reply.text))
         if turn.kind == "response":
             tools.finish(turn.answer)
             steps.append(AgentStep(kind="response", content=turn.answer))
-            return AnswerGiven(answer=turn.answer, source="llm", steps=steps)
+            return AnswerGiven(answer=turn.answer, source="llm:schema" if schema else "llm", steps=steps)
         if turn.kind == "tool":
             observation = await tools.call(turn.tool, turn.arguments)
             steps.append(AgentStep(kind="tool", content=json.dumps({"name": turn.tool, "arguments": turn.arguments},

@@ -9,6 +9,10 @@ DIAGNOSIS READY has no diagnosis and is graded incorrect.
 
 Two doctors: `LLMDoctor` (every turn one recorded gateway call) and `SimDoctor`, a deterministic
 stand-in that runs the same path offline. The sim doctor's numbers are not clinical accuracy.
+With `actions="schema"` (a server that enforces json_schema) each model doctor turn is decoded against
+a schema of its legal moves (`handlers/agent/actions.py`: reasoning, then a question, a test or the
+diagnosis; on the last turn only the diagnosis) and rendered into the text above before anyone else
+sees it; an off-schema reply spends the turn and gets a corrective observation.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from grandrounds.handlers.agent.actions import (DOCTOR_SCHEMA_NAME, DoctorMove, osce_action_schema, parse_osce_turn,
+                                                render_doctor_move, response_format)
 from grandrounds.handlers.environments.agentclinic_osce import MeasurementTool, OsceView
 from grandrounds.handlers.llm.errors import LLMUnavailable
 from grandrounds.handlers.text import content_tokens, trigger_overlap
@@ -28,9 +34,9 @@ _STRIP = " \t[]\"'`*.<>"
 
 @dataclass(frozen=True)
 class DoctorAction:
-    kind: Literal["question", "test", "diagnosis"]
+    kind: Literal["question", "test", "diagnosis", "invalid"]
     text: str
-    """The question, the test name, or the diagnosis."""
+    """The question, the test name, or the diagnosis; `invalid` (schema turns only): the corrective observation."""
 
 
 def parse_doctor(utterance: str) -> DoctorAction:
@@ -52,7 +58,29 @@ class DialogueTurn:
     """What the doctor said, verbatim."""
     action: DoctorAction
     reply: str | None = None
-    """The patient's answer or the measurement result; None for the diagnosis turn."""
+    """The patient's answer, the measurement result or the corrective observation; None for the diagnosis turn."""
+    raw: str | None = None
+    """Schema turns: the model's JSON reply verbatim (`doctor` is its rendering in AgentClinic's words)."""
+    reasoning: str | None = None
+    """Schema turns: the reasoning the model gave before its move."""
+
+
+@dataclass(frozen=True)
+class SchemaSpeech:
+    """A schema-decoded doctor turn: the reply as the model wrote it and the move read from it."""
+
+    raw: str
+    move: DoctorMove
+
+
+def action_of(move: DoctorMove) -> tuple[str, DoctorAction]:
+    """The move as AgentClinic's text and the action that text means: a test or diagnosis is cleaned as
+    `parse_doctor` cleans it (first line, no brackets or quotes), so both protocols hand the measurement
+    tool and the judge the same kind of string."""
+    if move.kind == "invalid":
+        return move.text, DoctorAction("invalid", move.text)
+    text = move.text if move.kind == "question" else move.text.splitlines()[0].strip(_STRIP)
+    return render_doctor_move(DoctorMove(move.kind, move.reasoning, text)), DoctorAction(move.kind, text)
 
 
 @dataclass
@@ -72,7 +100,8 @@ class DialogueResult:
 
 
 class Doctor(Protocol):
-    async def speak(self, view: OsceView, turns: list[DialogueTurn], turn: int, max_turns: int) -> str: ...
+    async def speak(self, view: OsceView, turns: list[DialogueTurn], turn: int,
+                    max_turns: int) -> str | SchemaSpeech: ...
 
 
 class Patient(Protocol):
@@ -91,10 +120,18 @@ async def run_osce_dialogue(view: OsceView, doctor: Doctor, patient: Patient, me
             said = await doctor.speak(view, turns, turn, max_turns)
         except LLMUnavailable as exc:
             return DialogueResult("failed", None, turns, f"doctor model unavailable at turn {turn}: {exc}")
-        action = parse_doctor(said)
+        raw = reasoning = None
+        if isinstance(said, SchemaSpeech):
+            raw, reasoning = said.raw, said.move.reasoning
+            said, action = action_of(said.move)
+        else:
+            action = parse_doctor(said)
         if action.kind == "diagnosis":
-            turns.append(DialogueTurn(turn, said, action))
+            turns.append(DialogueTurn(turn, said, action, raw=raw, reasoning=reasoning))
             return DialogueResult("diagnosed", action.text or None, turns)
+        if action.kind == "invalid":  # off-schema: the turn is spent, nothing reaches the patient
+            turns.append(DialogueTurn(turn, raw or said, action, action.text, raw=raw, reasoning=reasoning))
+            continue
         if action.kind == "test":
             reply = measurement.request(action.text)
             # agentclinic.py: the measurement is added to the patient's history (patient_agent.add_hist)
@@ -105,7 +142,7 @@ async def run_osce_dialogue(view: OsceView, doctor: Doctor, patient: Patient, me
             except LLMUnavailable as exc:
                 return DialogueResult("failed", None, turns, f"patient model unavailable at turn {turn}: {exc}")
             transcript.append((action.text, reply))
-        turns.append(DialogueTurn(turn, said, action, reply))
+        turns.append(DialogueTurn(turn, said, action, reply, raw=raw, reasoning=reasoning))
     return DialogueResult("no_diagnosis", None, turns, f"no DIAGNOSIS READY within {max_turns} turns")
 
 
@@ -124,31 +161,53 @@ DOCTOR_SYSTEM = (
 turns so far (AgentClinic's `infs`)."""
 
 
+SCHEMA_MOVES = (
+    "\n\nEvery turn is one JSON object: \"reasoning\" (a few sentences on what you know so far), then "
+    "\"action\", exactly one move: a question to the patient, e.g. {\"question\": \"How long have you had the "
+    "cough?\"}; a test request, e.g. {\"test\": \"Chest_X-Ray\"}; or, once you have decided, your diagnosis, "
+    "e.g. {\"diagnosis\": \"Community-acquired pneumonia\"}.")
+"""Schema turns: the moves of the prompt above as the JSON the turn is decoded against."""
+
+SCHEMA_FINAL_NOTICE = "This is the final question. Please provide a diagnosis now: your action is the diagnosis."
+
+
 def doctor_messages(view: OsceView, turns: list[DialogueTurn], turn: int, max_turns: int,
-                    memory_prefix: str = "") -> list[dict[str, str]]:
+                    memory_prefix: str = "", schema: bool = False) -> list[dict[str, str]]:
     system = DOCTOR_SYSTEM.format(max_turns=max_turns, asked=turn - 1, objective=view.objective)
+    if schema:
+        system += SCHEMA_MOVES
     if memory_prefix:
         system += f"\n\n## Memory from earlier cases\n{memory_prefix}"
     messages = [{"role": "system", "content": system},
                 {"role": "user", "content": "The patient has come in. Begin the consultation."}]
     for t in turns:
         speaker = "Measurement" if t.action.kind == "test" else "Patient"
-        messages += [{"role": "assistant", "content": t.doctor},
-                     {"role": "user", "content": f"{speaker}: {t.reply}"}]
+        reply = t.reply if t.action.kind == "invalid" else f"{speaker}: {t.reply}"
+        messages += [{"role": "assistant", "content": t.raw if t.raw is not None else t.doctor},
+                     {"role": "user", "content": reply}]
     if turn == max_turns:
-        messages[-1] = {"role": "user", "content": f"{messages[-1]['content']}\n\n{FINAL_NOTICE}"}
+        notice = SCHEMA_FINAL_NOTICE if schema else FINAL_NOTICE
+        messages[-1] = {"role": "user", "content": f"{messages[-1]['content']}\n\n{notice}"}
     return messages
 
 
 class LLMDoctor:
-    """Each turn is one gateway call (purpose `doctor-turn-N`), recorded before it is used."""
+    """Each turn is one gateway call (purpose `doctor-turn-N`), recorded before it is used.
+    `actions="schema"`: the call carries the turn's `DoctorTurn` json_schema and the reply is read as a move."""
 
-    def __init__(self, gateway, recorder, memory_prefix: str = ""):
+    def __init__(self, gateway, recorder, memory_prefix: str = "", actions: str = "text"):
         self.gateway, self.recorder, self.memory_prefix = gateway, recorder, memory_prefix
+        self.schema = actions == "schema"
 
-    async def speak(self, view: OsceView, turns: list[DialogueTurn], turn: int, max_turns: int) -> str:
-        messages = doctor_messages(view, turns, turn, max_turns, self.memory_prefix)
-        reply = await self.gateway.complete(messages, self.recorder, f"doctor-turn-{turn}")
+    async def speak(self, view: OsceView, turns: list[DialogueTurn], turn: int,
+                    max_turns: int) -> str | SchemaSpeech:
+        messages = doctor_messages(view, turns, turn, max_turns, self.memory_prefix, self.schema)
+        final = turn == max_turns
+        params = ({"response_format": response_format(osce_action_schema(final), DOCTOR_SCHEMA_NAME)}
+                  if self.schema else None)
+        reply = await self.gateway.complete(messages, self.recorder, f"doctor-turn-{turn}", params=params)
+        if self.schema:
+            return SchemaSpeech(reply.text, parse_osce_turn(reply.text, final))
         return reply.text.strip()
 
 

@@ -41,8 +41,9 @@ class OsceResult:
 
 async def run_osce_case(case: OsceCase, max_turns: int, gateway=None, log: RunLog | None = None,
                         differential: list[str] | None = None, memory_prefix: str = "",
-                        judge_gateway=None) -> tuple[OsceResult, DialogueResult]:
-    """`judge_gateway`: a separate moderator model (AgentClinic's moderator_llm); default the run's."""
+                        judge_gateway=None, actions: str = "text") -> tuple[OsceResult, DialogueResult]:
+    """`judge_gateway`: a separate moderator model (AgentClinic's moderator_llm); default the run's.
+    `actions`: how the model doctor's turns are decoded (`text`, or `schema`: json_schema moves)."""
     measurement = MeasurementTool(case)
     if gateway is None:
         # NEJM cases carry their five answers: the sim chooses among them, as the sim backbone does
@@ -50,7 +51,7 @@ async def run_osce_case(case: OsceCase, max_turns: int, gateway=None, log: RunLo
         doctor = SimDoctor(list(case.options) or differential or [], case.test_menu, memory_prefix)
         patient = RulePatient(case)
     else:
-        doctor = LLMDoctor(gateway, log.recorder(case.case_id, "act"), memory_prefix)
+        doctor = LLMDoctor(gateway, log.recorder(case.case_id, "act"), memory_prefix, actions)
         patient = LLMPatient(case, gateway, log.recorder(case.case_id, "patient"))
     dialogue = await run_osce_dialogue(case.view(), doctor, patient, measurement, max_turns)
     if dialogue.status == "diagnosed":
@@ -72,11 +73,12 @@ async def run_osce_case(case: OsceCase, max_turns: int, gateway=None, log: RunLo
 async def run_osce_cases(cases: list[OsceCase], max_turns: int, gateway=None, log: RunLog | None = None,
                          differential: list[str] | None = None,
                          on_case: Callable[[OsceResult], None] | None = None,
-                         judge_gateway=None) -> list[OsceResult]:
+                         judge_gateway=None, actions: str = "text") -> list[OsceResult]:
     """Strictly in order, one case at a time (so recorded exchanges replay in the same order)."""
     out = []
     for case in cases:
-        result, _ = await run_osce_case(case, max_turns, gateway, log, differential, judge_gateway=judge_gateway)
+        result, _ = await run_osce_case(case, max_turns, gateway, log, differential, judge_gateway=judge_gateway,
+                                      actions=actions)
         out.append(result)
         if on_case is not None:
             on_case(result)

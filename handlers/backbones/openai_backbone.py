@@ -133,7 +133,7 @@ class OpenAIBackbone:
 
         if recorder is None or patient_recorder is None:
             raise ValueError("the openai backbone records every exchange: the stage must pass recorders")
-        return await run_osce_act(view, memory, tools, self.gateway, recorder, patient_recorder)
+        return await run_osce_act(view, memory, tools, self.gateway, recorder, patient_recorder, self.agent.actions)
 
     async def reflect(self, case: Case, memory: MemoryRetrieved, answer: AnswerGiven, feedback: FeedbackRecorded,
                       recorder: Recorder | None = None) -> ReflectionRecorded:

@@ -147,9 +147,17 @@ words (limb, difficulty, weakness), so the MCQ sim's 0.25 lets one presentation'
 
 def dialogue_steps(turns) -> list[AgentStep]:
     """Each doctor turn verbatim (`tool`: a question for the patient or a REQUEST TEST), what came
-    back (`observation`, `Patient: ...` / `Measurement: ...`), and the diagnosis turn (`response`)."""
+    back (`observation`, `Patient: ...` / `Measurement: ...`), and the diagnosis turn (`response`).
+    A schema turn (actions `schema`) is preceded by its `reasoning` step (so each turn's mode shows),
+    and its move is recorded as rendered in AgentClinic's words; an off-schema one is its reasoning (or
+    raw reply) and the corrective observation."""
     steps: list[AgentStep] = []
     for t in turns:
+        if t.raw is not None:
+            steps.append(AgentStep(kind="reasoning", content=t.reasoning or t.raw))
+        if t.action.kind == "invalid":
+            steps.append(AgentStep(kind="observation", content=t.reply or ""))
+            continue
         if t.action.kind == "diagnosis":
             steps.append(AgentStep(kind="response", content=t.doctor))
             continue
@@ -170,17 +178,18 @@ def adopted_rule(memory, diagnosis: str) -> str | None:
 
 
 async def run_osce_act(view, memory, tools: OsceTools, gateway=None, recorder=None,
-                       patient_recorder=None) -> AnswerGiven:
+                       patient_recorder=None, actions: str = "text") -> AnswerGiven:
     """The doctor dialogue of one case: the sim doctor (gateway None) or the model doctor, the run's
     memory as its memory block. No diagnosis (turn budget spent, a model unreachable) is a
-    `CaseFailure` with the dialogue so far: the case counts as incorrect and writes no memory."""
+    `CaseFailure` with the dialogue so far: the case counts as incorrect and writes no memory.
+    `actions="schema"`: the model doctor's turns are schema-decoded; its answer's source is `model:schema`."""
     from grandrounds.handlers.agent.osce_dialogue import LLMDoctor, SimDoctor, run_osce_dialogue
     from grandrounds.handlers.backbones.base import CaseFailure
 
     if gateway is None:
         doctor = SimDoctor(tools.differential, tools.test_menu, memory.prefix, follow_overlap=SIM_FOLLOW_OVERLAP)
     else:
-        doctor = LLMDoctor(gateway, recorder, memory.prefix)
+        doctor = LLMDoctor(gateway, recorder, memory.prefix, actions)
     dialogue = await run_osce_dialogue(view, doctor, tools.patient(gateway, patient_recorder), tools.measurement,
                                        tools.max_turns)
     steps = dialogue_steps(dialogue.turns)
@@ -189,7 +198,9 @@ async def run_osce_act(view, memory, tools: OsceTools, gateway=None, recorder=No
                           "turn_limit" if dialogue.status == "no_diagnosis" else "error")
     diagnosis = dialogue.diagnosis or ""
     source = adopted_rule(memory, diagnosis) if diagnosis else None
-    return AnswerGiven(answer=diagnosis, source=source or ("lexical" if gateway is None else "model"), steps=steps)
+    model_source = "model:schema" if actions == "schema" else "model"
+    return AnswerGiven(answer=diagnosis, source=source or ("lexical" if gateway is None else model_source),
+                       steps=steps)
 
 
 async def judge_answer(ctx, case: OsceCase, answer: AnswerGiven):
