@@ -64,6 +64,28 @@ def settle_actions(choice: BackboneChoice, base_url: str | None, timeout: float)
     return choice.actions
 
 
+def resumed_actions(db_path: str, run_id: str | None) -> tuple[bool, dict[str, str] | None]:
+    """Whether run `run_id` already exists in `db_path`, and the action decoding it recorded (None: it
+    predates the field, or ran the text protocol): a resumed run keeps it, un-probed."""
+    if not run_id or not os.path.exists(db_path):
+        return False, None
+    from grandrounds.handlers.runs import read_spec
+    from grandrounds.store.eventstore import EventStore
+
+    import duckdb
+
+    from grandrounds.store.eventstore import StoreError
+
+    try:
+        with EventStore(db_path, read_only=True) as store:
+            spec = read_spec(store, run_id) if store.has_run(run_id) else None
+    except (StoreError, duckdb.Error):
+        return False, None  # not readable now: the run's own open says why, with its exit code
+    if spec is None:
+        return False, None
+    return True, dict(spec.actions) if spec.actions else None
+
+
 def choose_actions(requested: str, model: str, base_url: str | None, timeout: float) -> dict[str, str]:
     """`auto`: probe once whether the server enforces json_schema; schema-decoded turns if it does,
     the text protocol otherwise. `schema` insists (a server that rejects json_schema is an error);

@@ -121,7 +121,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
     from grandrounds.handlers.runs import RunSpec
     from grandrounds.handlers.tools import parse_tool_spec
 
-    from grandrounds.backbone_choice import attach_record, choose_backbone, settle_actions
+    from grandrounds.backbone_choice import attach_record, choose_backbone, resumed_actions, settle_actions
     from grandrounds.handlers.environments.medagentbench.run import looks_like_task_file, mab_options_given, prepare_medagentbench
 
     from grandrounds.store.dbfile import db_file
@@ -206,7 +206,10 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
         _preflight(base_url, choice.model, as_json)  # before anything is opened or written
         if decodes:  # probe json_schema once (after the preflight), record the verdict in run.started
             try:
-                run_spec = run_spec.model_copy(update={"actions": settle_actions(choice, base_url, timeout)})
+                # a run resumed under --actions auto keeps the mode it started with: no probe, no mismatch
+                exists, recorded = resumed_actions(db_path, run_id) if actions == "auto" else (False, None)
+                settled = recorded if exists else settle_actions(choice, base_url, timeout)
+                run_spec = run_spec.model_copy(update={"actions": settled})
             except BAD_INPUT as exc:
                 fail(str(exc), 2, as_json)
     if not os.path.exists(db_path):

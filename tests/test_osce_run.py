@@ -283,6 +283,10 @@ def test_doctor_turns_are_schema_decoded_where_the_server_enforces_it_and_text_o
     assert kinds.count("reasoning") == len(doctor) and "REQUEST TEST: Blood tests" in [s["content"] for s in answer["steps"]]
     code, ver = _invoke(["verify", "--db", str(db), "s"])
     assert code == 0 and ver["identical"], ver
+    with OsceFake() as server:  # resumed under auto: the recorded mode, no probe (the run is complete)
+        code, again = _run(cases, db, "--limit", "1", "--backbone", "openai", "--model", "fake-doc",
+                           "--base-url", server.base_url, "--run-id", "s", env=env)
+        assert code == 0 and server.requests == [], (again, server.requests[:1])
 
     with OsceFake() as server:
         code, out = _run(cases, tmp_path / "text.duckdb", "--limit", "1", "--backbone", "openai", "--model",
