@@ -78,6 +78,11 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
     finally:
         cache.flush()
     summary = run_summary(store, rid, ctx.projection.state)
+    found = getattr(ctx.writer.deidentifier, "found", None)
+    if found:  # placeholders this process wrote into memory events, by type (none: the key is left out)
+        from grandrounds.handlers.deidentify import PLACEHOLDERS
+
+        summary["deidentified"] = {PLACEHOLDERS[k]: n for k, n in sorted(found.items())}
     if spec.backbone != "sim":
         from grandrounds.handlers.llm.usage import llm_usage
         from grandrounds.replay.task_metrics import EVENT_TYPES, task_metrics

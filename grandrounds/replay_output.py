@@ -58,10 +58,11 @@ def render_replay(res: dict, db: str) -> str:
 def render_verify(res: dict) -> str:
     ok = res["ok"]
     verdict = ("VERIFIED (IDENTICAL)" if ok else "TAMPERED" if not res["chain_intact"] else
+               "CONTENT ERASED (not re-executable)" if res.get("erased_cases") else
                "INCOMPLETE" if res["complete"] is False else "DIVERGED" if not res["identical"] else "NOT VERIFIED")
     lines = [click.style(f"verify {res['run_id']}: {verdict}", bold=True, fg="green" if ok else "red")]
     lines.append(f"  recorded     {res['fingerprint']}")
-    lines.append(f"  re-executed  {res['replayed_fingerprint']}"
+    lines.append(f"  re-executed  {res['replayed_fingerprint'] or '– (not re-executed)'}"
                  + ("  (model exchanges served from the run's own record)" if res.get("replayed_from_record") else ""))
     lines.append(f"  events {res['events']} · cases {res['cases']} · {res['completeness']}")
     d = res["first_divergence"]

@@ -169,9 +169,11 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
             fingerprint = None
             reasons.append(str(exc))
         return {"run_id": run_id, "fingerprint": fingerprint, "replayed_fingerprint": None,
-                "identical": False, "events": store.last_seq(run_id) + 1, "erased_cases": erased,
-                "reexecutable": False, "complete": whole["complete"], "completeness": whole["completeness"],
-                "backbone": spec.backbone, "first_divergence": None,
+                "identical": False, "events": store.last_seq(run_id) + 1, "cases": whole["received_cases"],
+                "erased_cases": erased, "reexecutable": False, "complete": whole["complete"],
+                "completeness": whole["completeness"], "declared_cases": whole["declared_cases"],
+                "completed_cases": whole["completed_cases"], "backbone": spec.backbone,
+                "replayed_from_record": False, "first_divergence": None,
                 "chain_intact": chain.break_seq is None, "chain_break_seq": chain.break_seq,
                 "chain_version": chain.version, "signed_head": head.as_dict(), "warnings": warnings,
                 "reasons": reasons, "ok": False}

@@ -107,6 +107,8 @@ def test_no_patient_identifier_reaches_another_patients_case(policy, tasks, pati
     assert code == 0, out
     pairs, memory = _check_run(db, out["run_id"], patients)
     assert pairs >= 40 and memory >= 8
+    # `run --json` reports the placeholders written, by type
+    assert out["deidentified"] and set(out["deidentified"]) <= set(PLACEHOLDERS.values()), out.get("deidentified")
     with EventStore(str(db), read_only=True) as s:
         text = json.dumps([e.payload for e in s.read(out["run_id"]) if payload_class(e.type).carries_memory])
     assert "[MRN]" in text or "[NAME]" in text  # the writes did hold identifiers, now placeholders

@@ -70,6 +70,8 @@ def test_chain_fingerprints_verify_and_replay_after_the_erasure(erased):
     code, v = _cli("verify", "--db", str(db), run)
     assert code != 0 and not v["ok"] and not v["reexecutable"] and v["chain_intact"], v
     assert v["erased_cases"] == [ERASED_CASE] and any(ERASED_CASE in r for r in v["reasons"])
+    text = CliRunner().invoke(main, ["verify", "--db", str(db), run])  # the human rendering of the same
+    assert text.exit_code == 1 and "CONTENT ERASED" in text.output and ERASED_CASE in text.output, text.output
     code, v = _cli("verify", "--db", str(db), "mcq")
     assert code == 0 and v["identical"] and v["fingerprint"] == erased["before"]["mcq"], v
     code, r = _cli("replay", "--db", str(db), "--from", run, "--permutations", "1")
