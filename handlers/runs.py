@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from grandrounds.handlers.backbones import make_backbone
 from grandrounds.handlers.context import EventWriter, RunContext
-from grandrounds.handlers.policies.config import PolicyConfig, policy_from_dict, policy_to_dict
+from grandrounds.handlers.policies.config import PolicyConfig, policy_from_dict, policy_record
 from grandrounds.store.canonical import content_hash
 from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.event_types import MemorySeeded, RunStarted
@@ -39,7 +39,7 @@ class RunSpec(BaseModel):
 
     def started_event(self, embedder: str, cases: int | None = None) -> RunStarted:
         """`cases`: how many cases the run is started with (declared, so a cut log shows)."""
-        return RunStarted(policy_name=self.policy.name, policy=policy_to_dict(self.policy),
+        return RunStarted(policy_name=self.policy.name, policy=policy_record(self.policy),
                           backbone=self.backbone, model=self.model, seed=self.seed, lag=self.lag,
                           embedder=embedder, tools=dict(sorted(self.tools.items())), source=self.source,
                           agent=dict(sorted(self.agent.items())), memory_from=self.memory_from, cases=cases,
@@ -57,7 +57,7 @@ class RunMismatch(InvalidInput, ValueError):
 
 
 def spec_of(started: RunStarted) -> RunSpec:
-    return RunSpec(policy=policy_from_dict(started.policy), backbone=started.backbone, model=started.model,
+    return RunSpec(policy=policy_from_dict(started.policy, recorded=True), backbone=started.backbone, model=started.model,
                    seed=started.seed, lag=started.lag, tools=started.tools, source=started.source,
                    agent=started.agent, memory_from=started.memory_from, actions=started.actions)
 

@@ -96,7 +96,45 @@ def test_the_precedent_baseline_stores_cases_without_a_model_and_shows_the_neare
     assert out.summary["memory"]["episodes"] == 3 and "reflection.recorded" not in types
     assert seen["p1"]["prefix"] == render_prefix([], [], [])
     assert [e["source_case_id"] for e in seen["d2"]["episodes"]] == ["d1"]
-    assert "Confirmed answer: Aortic dissection (the agent answered" in seen["d2"]["prefix"]
+    assert "Confirmed answer: Aortic dissection (the agent" in seen["d2"]["prefix"]
+
+
+def test_a_precedent_says_the_agent_was_wrong_without_naming_the_wrong_answer():
+    """Measured with the local model: "the agent answered Acute pericarditis, which was wrong" in a
+    precedent made it answer Acute pericarditis for a case whose own findings it had read as PID."""
+    from grandrounds.handlers.policies.precedents import precedent_line
+
+    wrong = precedent_line("Fever and adnexal tenderness.", "Pelvic inflammatory disease", "Acute pericarditis",
+                           False, "")
+    assert "Acute pericarditis" not in wrong and "the agent's answer was wrong" in wrong
+    assert "Confirmed answer: Pelvic inflammatory disease" in wrong
+    legacy = precedent_line("Fever and adnexal tenderness.", "Pelvic inflammatory disease", "Acute pericarditis",
+                            False, "", name_wrong=True)
+    assert "the agent answered Acute pericarditis, which was wrong" in legacy
+    with EventStore(":memory:") as store:  # sim answers the first case wrongly? then the precedent must not name it
+        _sim(store, [DISSECTION_1, DISSECTION_2], load_policy("precedent"), "prec")
+        prefix = _retrieved(store, "prec")["d2"]["prefix"]
+    for text in OPTS.values():
+        if text != "Aortic dissection":
+            assert text not in prefix
+
+
+def test_a_recorded_config_without_a_later_field_rebuilds_with_the_behaviour_it_had():
+    """Runs recorded before `name_wrong_answers` named wrong answers: they re-execute that way
+    (the golden logs hold such runs), while a new run's config says false."""
+    from grandrounds.handlers.policies.config import policy_from_dict, policy_record, policy_to_dict
+    from grandrounds.handlers.policies.precedent import PrecedentPolicy
+
+    for cls in (EvoMedAgentPolicy, PrecedentPolicy):
+        fresh = cls()
+        assert fresh.name_wrong_answers is False
+        old = {k: v for k, v in policy_to_dict(fresh).items() if k != "name_wrong_answers"}
+        assert policy_from_dict(old, recorded=True).name_wrong_answers is True
+        assert policy_from_dict(old).name_wrong_answers is False
+        assert policy_from_dict(policy_to_dict(fresh), recorded=True).name_wrong_answers is False
+        legacy = cls(name_wrong_answers=True)  # recorded as runs before the field were: without it
+        assert "name_wrong_answers" not in policy_record(legacy) and "name_wrong_answers" in policy_record(fresh)
+        assert policy_from_dict(policy_record(legacy), recorded=True) == legacy
 
 
 # --- the gate on a model's reflection --------------------------------------------------------------

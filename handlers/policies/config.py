@@ -25,6 +25,11 @@ class PolicyBase(_Config):
     name: str
     ablations: ClassVar[dict[str, dict[str, Any]]] = {}
     """Switch name -> the fields it sets (`replay --ablation NAME`, `run --ablation NAME`)."""
+    recorded_defaults: ClassVar[dict[str, Any]] = {}
+    """Fields added after runs were recorded without them -> the value that reproduces those runs.
+    A run's `run.started` holds its full config, so a field missing there predates the field: the
+    run is rebuilt with this value (not the class default, which is what new runs get). This is how
+    a deliberate change of behaviour keeps old runs (and the golden logs) re-executable."""
 
 
 class EvoMedAgentPolicy(PolicyBase):
@@ -82,6 +87,11 @@ class EvoMedAgentPolicy(PolicyBase):
     review_gate: bool = True
     """Reject proposed rules that are only a finding, only an answer's name, name an option by letter,
     or teach a wrong option of the case (handlers/policies/precedents.py); reasons recorded."""
+    name_wrong_answers: bool = False
+    """A precedent whose agent answered wrongly names that wrong answer ("the agent answered X, which
+    was wrong"); false says only that the agent's answer was wrong. Measured with the local model
+    (benchmarks/bench_real_model.py): a named wrong answer is copied as this case's answer, as the
+    review gate's lessons that teach a wrong option would be. Runs recorded before this field: true."""
 
     ablations: ClassVar[dict[str, dict[str, Any]]] = {
         "no-writing": {"writing": False},
@@ -93,6 +103,7 @@ class EvoMedAgentPolicy(PolicyBase):
         "no-floors": {"episode_floor": -1.0, "rule_floor": 0.0},
         "no-review": {"review_gate": False},
     }
+    recorded_defaults: ClassVar[dict[str, Any]] = {"name_wrong_answers": True}
 
 
 class NoMemoryPolicy(PolicyBase):
@@ -131,7 +142,9 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
-def policy_from_dict(data: dict, source: str = "policy") -> PolicyBase:
+def policy_from_dict(data: dict, source: str = "policy", recorded: bool = False) -> PolicyBase:
+    """`recorded`: `data` is a run's recorded config; fields it lacks predate it and take the class's
+    `recorded_defaults` (the behaviour that run had)."""
     from grandrounds.handlers.policies.registry import config_class, known_policies
 
     name = data.get("name")
@@ -142,6 +155,8 @@ def policy_from_dict(data: dict, source: str = "policy") -> PolicyBase:
     except KeyError:
         raise PolicyError(f"{source}: field 'name': unknown policy {name!r} "
                           f"(known: {', '.join(known_policies())})") from None
+    if recorded:
+        data = {**{k: v for k, v in cls.recorded_defaults.items() if k not in data}, **data}
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
@@ -184,3 +199,14 @@ def with_ablations(policy: PolicyBase, ablations: list[str]) -> PolicyBase:
 
 def policy_to_dict(policy: PolicyBase) -> dict:
     return policy.model_dump(mode="json")
+
+
+def policy_record(policy: PolicyBase) -> dict:
+    """The config as `run.started` records it: a field at its `recorded_defaults` value is left out,
+    as runs recorded before the field had it, so such a run re-executes to the same bytes and
+    `policy_from_dict(..., recorded=True)` gives the value back."""
+    data = policy_to_dict(policy)
+    for key, legacy in policy.recorded_defaults.items():
+        if data.get(key) == legacy:
+            del data[key]
+    return data

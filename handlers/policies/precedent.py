@@ -34,8 +34,11 @@ class PrecedentPolicy(PolicyBase):
     floor: float = 0.5
     """Cosine (question embeddings) below which a past case is not shown; the same floor as
     evo-medagent's `episode_floor` (see there for how it was found)."""
+    name_wrong_answers: bool = False
+    """As evo-medagent's: name the agent's wrong answer in a precedent (runs recorded before: true)."""
 
     ablations: ClassVar[dict[str, dict[str, Any]]] = {"no-writing": {"writing": False}}
+    recorded_defaults: ClassVar[dict[str, Any]] = {"name_wrong_answers": True}
 
 
 class PrecedentMemory(MemoryPolicy):
@@ -58,7 +61,7 @@ class PrecedentMemory(MemoryPolicy):
                 episodes.append(RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary="",
                                                  guideline="", trigger=ep.trigger, relevance=round(float(rel), 6)))
                 lines.append(precedent_line(findings_of(ep.descriptor), ep.gold_text or f"option {ep.gold}",
-                                            ep.answer_text, ep.correct, ""))
+                                            ep.answer_text, ep.correct, "", cfg.name_wrong_answers))
         return MemoryRetrieved(memory_seq=memory_seq, episodes=episodes,
                                prefix=render_prefix([], [], episodes, lines))
 

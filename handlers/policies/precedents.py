@@ -36,13 +36,18 @@ def findings_of(question: str, limit: int = FINDINGS_CHARS) -> str:
     return text[:limit].rsplit(" ", 1)[0] + " …"
 
 
-def precedent_line(findings: str, gold_text: str, answer_text: str, correct: bool, guideline: str) -> str:
+def precedent_line(findings: str, gold_text: str, answer_text: str, correct: bool, guideline: str,
+                   name_wrong: bool = False) -> str:
+    """`name_wrong`: name the agent's wrong answer. A small model reads a named wrong answer as a
+    candidate for this case (measured: it answered that option), so by default it is not named."""
     if not answer_text:
         agent = "the agent gave no valid answer"
     elif correct:
         agent = "the agent answered this too"
-    else:
+    elif name_wrong:
         agent = f"the agent answered {answer_text}, which was wrong"
+    else:
+        agent = "the agent's answer was wrong"
     line = f"- Past case: {findings} Confirmed answer: {gold_text} ({agent})."
     return f"{line} Guideline: {guideline}" if guideline else line
 

@@ -147,18 +147,19 @@ def evo_retrieve(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case: Case, mem
         for ep, rel in select_episodes(proj, cfg, own, query, cfg.episode_floor if mcq else -1.0):
             episodes.append(RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary=ep.summary,
                                              guideline=ep.guideline, trigger=ep.trigger, relevance=_r6(rel)))
-            precedents.append(episode_precedent(ep))
+            precedents.append(episode_precedent(ep, cfg.name_wrong_answers))
 
     guidance = [ToolGuidance(tool=name, label=state.tools[name].label) for name in sorted(state.tools)]
     return MemoryRetrieved(memory_seq=memory_seq, rules=rules, episodes=episodes, tool_guidance=guidance,
                            prefix=render_prefix(guidance, rules, episodes, precedents))
 
 
-def episode_precedent(ep) -> str:
+def episode_precedent(ep, name_wrong: bool = False) -> str:
     """An episode as a precedent when it knows its options' texts (MCQ); else the paper's summary line."""
     if not ep.gold_text:
         return f"- {ep.summary} Guideline: {ep.guideline}"
-    return precedent_line(findings_of(ep.descriptor), ep.gold_text, ep.answer_text, ep.correct, ep.guideline)
+    return precedent_line(findings_of(ep.descriptor), ep.gold_text, ep.answer_text, ep.correct, ep.guideline,
+                          name_wrong)
 
 
 class EvoMedAgentMemory(MemoryPolicy):
