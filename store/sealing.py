@@ -53,6 +53,9 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "selsm.record.stored": ("query",),
     "experience.stored": ("context",),
     "skill.trajectory_recorded": ("question", "options", "trace"),
+    # The context rendered for the case (it quotes the de-identified items retrieved, an evo-medagent
+    # precedent quotes an earlier case's question): the case's own prompt, sealed with it.
+    "memory.retrieved": ("prefix",),
 }
 """Event type -> the fields holding case content."""
 

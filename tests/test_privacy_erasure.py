@@ -78,7 +78,8 @@ def test_erase_a_subject(example_cases, evo_spec, tmp_path):
     assert of_gone and gone.question[:30] not in of_gone and gone.question[-30:] not in of_gone
     assert any(SEALED_KEY in r["payload"] for r in rows if r["case_id"] == gone.case_id)
     # Other cases' rows keep what *they* were shown (a later case's retrieved precedent quotes the
-    # erased case): README, "Erasure", limits. The erased case's own rows carry none of its text.
+    # erased case), sealed under their own subjects: README, "Erasure", limits. Nothing is in clear.
+    assert gone.question[:30] not in out_file.read_text()
     # The exported ciphertext cannot be opened any more: its key is gone from the key file.
     ref = out["subject_ref"]
     assert ref not in json.dumps([l for l in (tmp_path / "runs.duckdb.keys").read_text().splitlines()
