@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from grandrounds.handlers.backbones import make_backbone
+from grandrounds.handlers.code_versions import code_versions
 from grandrounds.handlers.context import EventWriter, RunContext
 from grandrounds.handlers.policies.config import PolicyConfig, policy_from_dict, policy_record
 from grandrounds.store.canonical import content_hash
@@ -36,6 +37,14 @@ class RunSpec(BaseModel):
     """Offline mode: {run_id, seq, chain} of the run whose memory this run starts from."""
     actions: dict[str, str] | None = None
     """Model backbones: {"mode": "schema"|"text", "json_schema": probe verdict}; None = text protocol."""
+    code: dict[str, Any] | None = None
+    """The code versions the run records (handlers/code_versions.py). Left None, this build's are
+    filled in; a spec read back from a log carries what the log recorded, `{}` for a log that
+    predates versions, so a re-execution writes the very `run.started` the log holds."""
+
+    def model_post_init(self, __context: Any) -> None:
+        if self.code is None:  # a new run: this build's versions (frozen model: set once, here)
+            object.__setattr__(self, "code", code_versions(self.policy))
 
     def started_event(self, embedder: str, cases: int | None = None) -> RunStarted:
         """`cases`: how many cases the run is started with (declared, so a cut log shows)."""
@@ -43,12 +52,14 @@ class RunSpec(BaseModel):
                           backbone=self.backbone, model=self.model, seed=self.seed, lag=self.lag,
                           embedder=embedder, tools=dict(sorted(self.tools.items())), source=self.source,
                           agent=dict(sorted(self.agent.items())), memory_from=self.memory_from, cases=cases,
-                          actions=dict(sorted(self.actions.items())) if self.actions else None)
+                          actions=dict(sorted(self.actions.items())) if self.actions else None,
+                          code=self.code or None)
 
     def default_run_id(self) -> str:
         # Fields added later count only when set, so existing runs keep their ids.
-        data = self.model_dump(mode="json", exclude={k for k in ("agent", "memory_from", "actions")
-                                                         if not getattr(self, k)})
+        # `code` never counts: the same command names the same run whatever the build.
+        data = self.model_dump(mode="json", exclude={"code"} | {k for k in ("agent", "memory_from", "actions")
+                                                                  if not getattr(self, k)})
         return f"{self.policy.name}-{content_hash(data)[:10]}"
 
 
@@ -59,7 +70,8 @@ class RunMismatch(InvalidInput, ValueError):
 def spec_of(started: RunStarted) -> RunSpec:
     return RunSpec(policy=policy_from_dict(started.policy, recorded=True), backbone=started.backbone, model=started.model,
                    seed=started.seed, lag=started.lag, tools=started.tools, source=started.source,
-                   agent=started.agent, memory_from=started.memory_from, actions=started.actions)
+                   agent=started.agent, memory_from=started.memory_from, actions=started.actions,
+                   code=started.code if started.code is not None else {})
 
 
 def spec_difference(recorded: RunStarted, asked: RunStarted) -> str:

@@ -17,6 +17,12 @@ STAGES = ("retrieve", "act", "feedback", "reflect", "govern")
 """The five stages in the order a case goes through them. A case may skip some (below), never reorder."""
 Stage = Literal["retrieve", "act", "feedback", "reflect", "govern"]
 
+STAGE_VERSIONS: dict[str, int] = {"retrieve": 1, "act": 1, "feedback": 1, "reflect": 1, "govern": 1}
+"""The version of the code that shapes each stage's events, recorded in every run's `run.started`
+(handlers/code_versions.py). Bump a stage's number in the commit that changes the bytes of the
+events it writes (deliberately: regenerate tests/golden with scripts/golden_logs.py), so `verify`
+of a run recorded before says which version recorded it instead of a bare divergence."""
+
 
 @dataclass
 class CaseProgress:

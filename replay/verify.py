@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grandrounds.handlers.cases import FhirCase
+from grandrounds.handlers.code_versions import code_versions, differences
 from grandrounds.handlers.environments.base import EnvironmentRecord
 from grandrounds.handlers.llm.errors import ReplayDivergence
 from grandrounds.handlers.llm.record import RecordedExchanges
@@ -233,6 +234,16 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
                        (f" (first at seq {divergence.seq})" if divergence else ""))
     if key is not None and not head.ok:
         reasons.append(f"signed head: {head.status} ({head.detail})")
+    recorded_code = spec.code or None
+    build_code = code_versions(spec.policy)
+    code_diffs = differences(recorded_code, build_code) if recorded_code != build_code else []
+    if code_diffs and recorded_code is not None:
+        if same:
+            warnings.append("recorded by other code versions, yet re-executes identically: " + "; ".join(code_diffs))
+        else:  # say why the bytes differ, not only where
+            reasons.append("recorded by other code versions: " + "; ".join(code_diffs))
+    elif code_diffs and not same:
+        reasons.append(code_diffs[0])
     return {
         "run_id": run_id,
         "fingerprint": fingerprint,
@@ -251,6 +262,7 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
         "chain_break_seq": chain.break_seq,
         "chain_version": chain.version,
         "signed_head": head.as_dict(),
+        "code_versions": {"recorded": recorded_code, "build": build_code, "differences": code_diffs},
         "warnings": warnings,
         "reasons": reasons,
         "ok": not reasons,

@@ -54,7 +54,12 @@ class RunStarted(GrowingPayload):
     "json_schema": the once-per-run probe's verdict (enforced, not-enforced, rejected, unreachable,
     or not-probed)}. Absent for runs that predate it (text protocol)."""
 
-    omit_if_default: ClassVar[frozenset[str]] = frozenset({"agent", "memory_from", "cases", "actions"})
+    code: dict[str, Any] | None = None
+    """The versions of the code that shaped this run's events, {"policy": N, "stages": {stage: N}}
+    (handlers/code_versions.py); `verify` compares them with its own build's. Absent for runs that
+    predate it."""
+
+    omit_if_default: ClassVar[frozenset[str]] = frozenset({"agent", "memory_from", "cases", "actions", "code"})
 
 
 @event("memory.seeded")

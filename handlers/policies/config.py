@@ -30,6 +30,10 @@ class PolicyBase(_Config):
     A run's `run.started` holds its full config, so a field missing there predates the field: the
     run is rebuilt with this value (not the class default, which is what new runs get). This is how
     a deliberate change of behaviour keeps old runs (and the golden logs) re-executable."""
+    code_version: ClassVar[int] = 1
+    """The version of this policy's code that shapes its events (retrieval, memory writes,
+    governance), recorded in `run.started`. Bump it in the commit that changes the bytes of the events
+    the policy writes (see `STAGE_VERSIONS` in handlers/stages.py)."""
 
 
 class EvoMedAgentPolicy(PolicyBase):

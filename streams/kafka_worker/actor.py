@@ -7,6 +7,7 @@ import logging
 import time
 
 from grandrounds.handlers.cases import Case
+from grandrounds.handlers.code_versions import code_versions
 from grandrounds.handlers.runs import RunMismatch, open_run, read_spec, spec_difference
 from grandrounds.handlers.pipeline import case_progress, run_stage
 from grandrounds.handlers.stages import CaseProgress, next_stage
@@ -189,7 +190,8 @@ class RunActor:
         if isinstance(d.body, RunStart):
             self.expected_cases = d.body.cases
             recorded = read_spec(w.store, self.run_id)
-            if recorded is not None and recorded != d.body.spec:
+            # The configuration must match; the code versions are the worker's (see _open), not the submitter's.
+            if recorded is not None and recorded.model_copy(update={"code": d.body.spec.code}) != d.body.spec:
                 asked = d.body.spec.started_event("", d.body.cases)
                 first = w.store.read(self.run_id, upto_seq=0)[0].decode()
                 await self._fail(d, "rejected", f"run {self.run_id!r} already exists with a different "
@@ -361,7 +363,8 @@ class RunActor:
     async def _open(self, d: Delivery) -> None:
         w = self.worker
         self.expected_cases = d.body.cases
-        spec = d.body.spec
+        # The run records the versions of the code that shapes its events: this worker's build.
+        spec = d.body.spec.model_copy(update={"code": code_versions(d.body.spec.policy)})
         try:
             # Publish run.started before writing it, as every batch (see _process).
             started = NewEvent(spec.started_event(w.cache.embedder.name, d.body.cases))

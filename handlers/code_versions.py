@@ -1,0 +1,40 @@
+"""The versions of the code that shaped a run's events: recorded in `run.started`, compared by `verify`.
+
+A run records `{"policy": N, "stages": {stage: N, ...}}`: its policy class's `code_version` and
+each stage's (`STAGE_VERSIONS`, handlers/stages.py). A commit that changes the event bytes a policy
+or stage writes bumps its number, so a log recorded before re-executes with this build to a
+divergence that `verify` explains ("act: recorded by version 1, this build is 2") instead of a bare
+one. Logs written before runs recorded versions have none; they re-execute without any (the
+re-execution copies what the log recorded), so their bytes and fingerprints stay the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grandrounds.handlers.stages import STAGE_VERSIONS
+
+
+def code_versions(policy: Any) -> dict[str, Any]:
+    """This build's versions for a run of `policy` (a policy config)."""
+    return {"policy": type(policy).code_version, "stages": dict(STAGE_VERSIONS)}
+
+
+def differences(recorded: dict[str, Any] | None, build: dict[str, Any]) -> list[str]:
+    """What differs between the versions a run recorded and this build's, one line per part."""
+    if not recorded:
+        return ["recorded before runs recorded their code versions (this build: "
+                f"{describe(build)})"]
+    out = []
+    if recorded.get("policy") != build["policy"]:
+        out.append(f"policy: recorded by version {recorded.get('policy')}, this build is {build['policy']}")
+    stages = recorded.get("stages") or {}
+    for stage in sorted(set(stages) | set(build["stages"])):
+        if stages.get(stage) != build["stages"].get(stage):
+            out.append(f"{stage}: recorded by version {stages.get(stage)}, this build is {build['stages'].get(stage)}")
+    return out
+
+
+def describe(code: dict[str, Any]) -> str:
+    stages = ", ".join(f"{s} {v}" for s, v in code["stages"].items())
+    return f"policy {code['policy']}; stages {stages}"

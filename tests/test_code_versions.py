@@ -1,0 +1,62 @@
+"""Every run records the versions of the code that shaped its events; `verify` says which when they differ."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from grandrounds.cli import main
+from grandrounds.handlers.code_versions import code_versions
+from grandrounds.handlers.policies.config import EvoMedAgentPolicy
+from grandrounds.handlers.policies.evo_medagent import policy as retrieve  # the module that rounds retrieval scores
+from grandrounds.handlers.stages import STAGE_VERSIONS
+from grandrounds.replay.export import load_jsonl
+from grandrounds.replay.verify import verify_run
+from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+from grandrounds.store.eventstore import EventStore
+from replay_fixtures import db_copy, recorded_db  # noqa: F401
+
+LEGACY = Path(__file__).resolve().parent / "golden" / "legacy" / "none-unversioned.jsonl"
+
+
+def _verify(db, run_id: str) -> dict:
+    res = CliRunner().invoke(main, ["verify", "--db", str(db), run_id, "--json"])
+    return json.loads(res.stdout)
+
+
+def test_a_run_records_its_policy_and_stage_code_versions(recorded_db):
+    with EventStore(recorded_db, read_only=True) as store:
+        started = store.read("src", upto_seq=0)[0].payload
+    assert started["code"] == code_versions(EvoMedAgentPolicy()) == {
+        "policy": 1, "stages": {"retrieve": 1, "act": 1, "feedback": 1, "reflect": 1, "govern": 1}}
+
+
+def test_verify_names_the_versions_when_a_bumped_stage_changed_the_bytes(db_copy, monkeypatch):
+    # The retrieve stage now rounds scores to 5 decimals instead of 6, and says so with its version.
+    monkeypatch.setattr(retrieve, "_r6", lambda x: round(float(x), 5))
+    monkeypatch.setitem(STAGE_VERSIONS, "retrieve", 2)
+    out = _verify(db_copy, "src")
+    assert not out["identical"] and not out["ok"]
+    assert "retrieve: recorded by version 1, this build is 2" in " ".join(out["reasons"])
+    assert out["code_versions"]["recorded"]["stages"]["retrieve"] == 1
+    assert out["code_versions"]["build"]["stages"]["retrieve"] == 2
+
+
+def test_a_bumped_version_that_changed_nothing_still_verifies_with_a_warning(db_copy, monkeypatch):
+    monkeypatch.setattr(EvoMedAgentPolicy, "code_version", 7)
+    out = _verify(db_copy, "src")
+    assert out["identical"] and out["ok"]
+    assert any("policy: recorded by version 1, this build is 7" in w for w in out["warnings"])
+
+
+def test_a_log_recorded_before_versions_re_executes_identically():
+    """Old logs hold no versions; their re-execution writes none either, so their bytes stay the same."""
+    events = load_jsonl(LEGACY)
+    assert "code" not in events[0].payload
+    with EventStore(":memory:") as store:
+        store.import_events(events)
+        result = verify_run(store, events[0].run_id, EmbeddingCache(shared_minilm(), store.conn))
+    assert result["identical"] and result["ok"]
+    assert result["code_versions"]["recorded"] is None and result["code_versions"]["differences"]
