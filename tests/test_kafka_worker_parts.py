@@ -100,3 +100,21 @@ async def test_a_failing_takeover_is_retried_and_its_waiting_messages_are_not_de
         assert [d.offset for d in delivered] == [0]  # handed to its run once the takeover succeeded
     finally:
         w.committer.close()
+
+
+async def test_a_takeover_failing_for_a_bug_gives_up_after_a_few_attempts_instead_of_blocking_for_ever():
+    """Only infrastructure failures are retried for as long as they last: a takeover that fails
+    deterministically (a bug) would otherwise hold its partitions' messages for ever."""
+    w = _worker()
+    w.takeover_retry = (0.01, 0.02)
+    attempts = []
+    try:
+        async def take_over_once(parts):
+            attempts.append(parts)
+            raise KeyError("a bug (test)")
+
+        w._take_over_once = take_over_once
+        await asyncio.wait_for(w._take_over([0]), 5)
+        assert len(attempts) == w.max_takeover_attempts and w.stats.takeover_failures == len(attempts)
+    finally:
+        w.committer.close()

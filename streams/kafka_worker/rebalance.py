@@ -15,9 +15,11 @@ import logging
 import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from grandrounds.handlers.pipeline import case_progress
 from grandrounds.handlers.stages import next_stage
+from grandrounds.store.errors import Retryable
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.eventstore import ConsumedOffset
 from grandrounds.streams.changelog import changelog_consumer, import_partitions
@@ -28,12 +30,17 @@ from grandrounds.streams.topics import partition_for
 
 log = logging.getLogger("grandrounds.kafka")
 
+TRANSIENT = (Retryable, OSError, asyncio.TimeoutError, KafkaError)
+"""Takeover failures of the infrastructure (broker, network, a locked file): retried while they last."""
+
 
 class Rebalance:
     """KafkaWorker's part that follows the group's assignments (state: `owners`, `takeovers`, `offsets`)."""
 
     takeover_retry = (0.5, 30.0)
     """First and longest wait (s) between attempts of a failed takeover."""
+    max_takeover_attempts = 3
+    """Attempts of a takeover failing for a reason other than the infrastructure (`TRANSIENT`)."""
 
     async def on_assigned(self, stage: str, consumer: AIOKafkaConsumer, assigned: set[TopicPartition]) -> None:
         self.stats.assignments[stage] += 1
@@ -125,6 +132,11 @@ class Rebalance:
         into `accept`) sent valid messages to the dead letters, which stops every client following
         their runs, for what was the changelog being unreachable for a moment. Retrying is safe: the
         restore imports only what the file lacks, and a command the kick re-produces twice is skipped.
+
+        A failure of the infrastructure (`TRANSIENT`) is retried for as long as it lasts. Any other
+        failure is a bug that retrying will not fix: after `max_takeover_attempts` it is logged as an
+        error and the partitions go on without it (what they did before it was retried), rather than
+        waiting for ever.
         """
         delay, longest = self.takeover_retry
         attempt = 0
@@ -137,6 +149,10 @@ class Rebalance:
                 raise
             except Exception as exc:  # noqa: BLE001 - retried: nothing is wrong with the waiting messages
                 self.stats.takeover_failures += 1
+                if not isinstance(exc, TRANSIENT) and attempt >= self.max_takeover_attempts:
+                    log.error("%s: takeover of partitions %s failed %d times (%r), not an infrastructure failure: "
+                              "going on without it", self.worker_id, parts, attempt, exc, exc_info=exc)
+                    return
                 log.warning("%s: takeover of partitions %s failed (attempt %d: %r); retrying in %.1fs",
                             self.worker_id, parts, attempt, exc, delay)
                 await asyncio.sleep(delay)
@@ -184,10 +200,14 @@ class Rebalance:
         for info in self.store.runs():
             if partition_for(info.run_id, self.partitions) not in parts:
                 continue
-            received = self.store.last_of_type(info.run_id, CaseReceived.event_type)
+            try:
+                received = self.store.last_of_type(info.run_id, CaseReceived.event_type)
+                payload = None if received is None else received.decode()
+            except Exception as exc:  # noqa: BLE001 - one run this worker cannot read must not stop the others
+                log.warning("%s: run %s cannot be read to kick it (%r); skipped", self.worker_id, info.run_id, exc)
+                continue
             if received is None:
                 continue
-            payload = received.decode()
             progress = case_progress(self.store, info.run_id, received.case_id, after_seq=received.seq - 1)
             if progress.completed is not None:
                 continue
