@@ -1,8 +1,15 @@
-"""Write the golden logs: short runs of each policy (sim backbone) exported to tests/golden/*.jsonl.
+"""Write the golden logs: short runs exported to tests/golden/*.jsonl.
 
     python scripts/golden_logs.py          # (re)write every golden log
     python scripts/golden_logs.py none     # only these (meta holds wall-clock times: rewriting a log
                                            # changes its file even when its events are the same)
+
+The runs: each policy on the first MCQ cases (sim backbone), one with simulated tools, one recorded-model
+run (`model-evo-medagent`: --backbone openai against tests/fake_openai_server.py, started here in-process;
+its exchanges are recorded in the log, so re-executing it needs no server), and one per environment (sim
+backbone): `env-medagentbench` (FHIR tasks against the local sandbox) and `env-agentclinic` (OSCE cases).
+The environment runs read the shared benchmark data (../shared/data, never copied here): their logs hold
+what a run records (the cases, the files' paths and sha256), and re-executing them needs those files.
 
 tests/test_golden_logs.py imports each log into a fresh store and re-executes it with this build: the
 fingerprint must be identical. A change that alters event bytes fails that test; regenerating the logs
@@ -22,6 +29,15 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
 CASES = ROOT / "examples" / "cases.jsonl"
 N_CASES = 6
+N_MODEL_CASES = 4
+DATA = ROOT.parent / "shared" / "data"  # the shared benchmark data, as the tests reach it
+MAB_TASKS = DATA / "medagentbench" / "test_data_v2.json"
+MAB_FUNCS = DATA / "medagentbench" / "funcs_v1.json"
+MAB_PATIENTS = DATA / "medagentbench_rl_fork" / "patients_from_snapshot.json"
+AC_MEDQA = DATA / "agentclinic" / "agentclinic_medqa.jsonl"
+MAB_TASK_IDS = ("task1_1", "task3_1", "task8_1")
+"""A GET lookup graded on the answer, and two POSTs graded on their payload: gradable offline."""
+MODEL = "golden-fake"
 
 # name -> extra `grandrounds run` arguments
 RUNS = {
@@ -33,29 +49,73 @@ RUNS = {
     "precedent": ["--policy", "precedent"],
     "none": ["--policy", "none"],
 }
+MODEL_RUNS = {"model-evo-medagent": ["--policy", "evo-medagent"]}
+"""--backbone openai against the fake server, on the first N_MODEL_CASES cases."""
+ENV_RUNS = {
+    "env-medagentbench": ["--env", "medagentbench", "--funcs", str(MAB_FUNCS), "--patients", str(MAB_PATIENTS)],
+    "env-agentclinic": [str(AC_MEDQA), "--env", "agentclinic", "--limit", "2"],
+}
+"""Sim backbone; the task file of env-medagentbench is written to a scratch folder (verify does not read it)."""
 
 
-def _grandrounds(*args: str) -> dict:
+def _grandrounds(*args: str, env: dict | None = None) -> dict:
+    # Content in clear (GRANDROUNDS_ENCRYPT=0): a sealed log would need the scratch database's key file to be
+    # opened, and it is gone with the scratch folder. The fingerprint covers the plaintext either way.
     out = subprocess.run([sys.executable, "-m", "grandrounds", *args, "--json"], check=True, capture_output=True,
-                         text=True, cwd=ROOT, env=dict(os.environ, PYTHONHASHSEED="0"))
+                         text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONHASHSEED="0", GRANDROUNDS_ENCRYPT="0", **(env or {})))
     return json.loads(out.stdout)
 
 
+def _first_lines(path: Path, n: int, target: Path) -> Path:
+    target.write_text("".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[:n]), encoding="utf-8")
+    return target
+
+
+def _mab_tasks(target: Path) -> Path:
+    tasks = [t for t in json.loads(MAB_TASKS.read_text(encoding="utf-8")) if t["id"] in MAB_TASK_IDS]
+    target.write_text(json.dumps(tasks), encoding="utf-8")
+    return target
+
+
+def _fake_openai():
+    """The fake OpenAI server the tests use (tests/ is not a package: imported by path)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fake_openai_server import FakeOpenAI
+
+    return FakeOpenAI()
+
+
 def main(names: list[str]) -> int:
-    unknown = sorted(set(names) - set(RUNS))
+    known = [*RUNS, *MODEL_RUNS, *ENV_RUNS]
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        print(f"unknown golden runs {unknown} (known: {', '.join(RUNS)})", file=sys.stderr)
+        print(f"unknown golden runs {unknown} (known: {', '.join(known)})", file=sys.stderr)
+        return 2
+    wanted = [n for n in known if not names or n in names]
+    if any(n in ENV_RUNS for n in wanted) and not DATA.is_dir():
+        print(f"the environment runs read the shared data at {DATA}: not found", file=sys.stderr)
         return 2
     GOLDEN.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cases = Path(tmp) / "cases.jsonl"
-        cases.write_text("".join(CASES.read_text(encoding="utf-8").splitlines(keepends=True)[:N_CASES]))
+        cases = _first_lines(CASES, N_CASES, Path(tmp) / "cases.jsonl")
+        model_cases = _first_lines(CASES, N_MODEL_CASES, Path(tmp) / "model_cases.jsonl")
         db = str(Path(tmp) / "golden.duckdb")
-        for name, extra in RUNS.items():
-            if names and name not in names:
-                continue
+        for name in wanted:
             run_id = f"golden-{name}"
-            summary = _grandrounds("run", str(cases), "--db", db, "--run-id", run_id, "--backbone", "sim", *extra)
+            if name in RUNS:
+                summary = _grandrounds("run", str(cases), "--db", db, "--run-id", run_id, "--backbone", "sim",
+                                       *RUNS[name])
+            elif name in MODEL_RUNS:
+                with _fake_openai() as server:  # the key is a placeholder: keys never enter events
+                    summary = _grandrounds("run", str(model_cases), "--db", db, "--run-id", run_id, "--backbone",
+                                           "openai", "--base-url", server.base_url, "--model", MODEL,
+                                           *MODEL_RUNS[name], env={"OPENAI_API_KEY": "sk-golden-placeholder"})
+            else:
+                extra = ENV_RUNS[name]
+                if name == "env-medagentbench":
+                    extra = [str(_mab_tasks(Path(tmp) / "tasks.json")), *extra]
+                summary = _grandrounds("run", *extra, "--db", db, "--run-id", run_id, "--backbone", "sim")
             target = GOLDEN / f"{name}.jsonl"
             part = target.with_suffix(".jsonl.tmp")
             _grandrounds("export", "--db", db, run_id, "--out", str(part), "--format", "jsonl")
