@@ -1,8 +1,9 @@
 """Write the golden logs: short runs exported to tests/golden/*.jsonl.
 
     python scripts/golden_logs.py          # (re)write every golden log
-    python scripts/golden_logs.py none     # only these (meta holds wall-clock times: rewriting a log
-                                           # changes its file even when its events are the same)
+    python scripts/golden_logs.py none     # only these (a sim run's log is rewritten byte for byte;
+                                           # a model run's meta holds request latencies, so rewriting
+                                           # it changes its file, not its fingerprint)
 
 The runs: each policy on the first MCQ cases (sim backbone), one with simulated tools, one recorded-model
 run (`model-evo-medagent`: --backbone openai against tests/fake_openai_server.py, started here in-process;
