@@ -126,7 +126,7 @@ def render_readme(result: Path, check: bool, readme: Path = README) -> int:
     lines = [table(rows)]
     if meta:
         lines.append("")
-        lines += [f"{k}: {v}" for k, v in meta.items()]
+        lines += [f"- {k}: {v}" for k, v in meta.items()]
     block = f"{BEGIN}\n" + "\n".join(lines) + f"\n{END}"
     text = readme.read_text()
     start, stop = text.index(BEGIN), text.index(END) + len(END)
