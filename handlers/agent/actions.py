@@ -52,18 +52,26 @@ class SchemaTurn:
     error: str | None = None
 
 
-def parse_schema_turn(text: str, letters: list[str], tools: list[str]) -> SchemaTurn:
-    """A constrained reply read back; anything off-schema (a server that did not enforce it, a reply
-    cut by max_tokens) is `invalid` with the corrective observation."""
+def _envelope(text: str, hint: str) -> tuple[str, object] | str:
+    """A schema turn's JSON envelope: (reasoning, action), or the format error to send back (`hint`
+    names the legal moves). Shared by the MCQ, OSCE and FHIR turn readers."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        return SchemaTurn("invalid", "", error=f"Format error: the reply is not one JSON object ({exc.msg}). "
-                                               f"Answer with one option letter ({', '.join(letters)}).")
+        return f"Format error: the reply is not one JSON object ({exc.msg}). {hint}"
     if not isinstance(data, dict):
-        return SchemaTurn("invalid", "", error="Format error: the reply must be one JSON object.")
+        return "Format error: the reply must be one JSON object."
     reasoning = data.get("reasoning") if isinstance(data.get("reasoning"), str) else ""
-    action = data.get("action")
+    return reasoning, data.get("action")
+
+
+def parse_schema_turn(text: str, letters: list[str], tools: list[str]) -> SchemaTurn:
+    """A constrained reply read back; anything off-schema (a server that did not enforce it, a reply
+    cut by max_tokens) is `invalid` with the corrective observation."""
+    decoded = _envelope(text, f"Answer with one option letter ({', '.join(letters)}).")
+    if isinstance(decoded, str):
+        return SchemaTurn("invalid", "", error=decoded)
+    reasoning, action = decoded
     if isinstance(action, dict) and action.get("answer") in letters:
         return SchemaTurn("response", reasoning, answer=action["answer"])
     if isinstance(action, dict) and action.get("tool") in tools:
@@ -149,15 +157,10 @@ def parse_osce_turn(text: str, final: bool) -> DoctorMove:
     """A constrained doctor reply read back; anything off-schema is `invalid` with the corrective
     observation (the turn is spent, nothing reaches the patient)."""
     legal = '{"diagnosis": ...}' if final else '{"question": ...}, {"test": ...} or {"diagnosis": ...}'
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return DoctorMove("invalid", "", f"Format error: the reply is not one JSON object ({exc.msg}). "
-                                         f"Give \"reasoning\", then \"action\": {legal}.")
-    if not isinstance(data, dict):
-        return DoctorMove("invalid", "", "Format error: the reply must be one JSON object.")
-    reasoning = data.get("reasoning") if isinstance(data.get("reasoning"), str) else ""
-    action = data.get("action")
+    decoded = _envelope(text, f"Give \"reasoning\", then \"action\": {legal}.")
+    if isinstance(decoded, str):
+        return DoctorMove("invalid", "", decoded)
+    reasoning, action = decoded
     keys = ("diagnosis",) if final else ("question", "test", "diagnosis")
     if isinstance(action, dict) and len(action) == 1:
         (key, value), = action.items()
@@ -206,15 +209,10 @@ def parse_fhir_schema_turn(text: str, allowed: list[str]) -> SchemaTurn:
     """`response` carries the FINISH list as the text protocol would have written it (`json.dumps`),
     so grading reads the same payload either way; off-schema is `invalid` with the corrective observation."""
     legal = (f'{{"tool": one of {", ".join(allowed)}, "arguments": {{...}}}} or ' if allowed else "") + '{"finish": [...]}'
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return SchemaTurn("invalid", "", error=f"Format error: the reply is not one JSON object ({exc.msg}). "
-                                               f"Give \"reasoning\", then \"action\": {legal}.")
-    if not isinstance(data, dict):
-        return SchemaTurn("invalid", "", error="Format error: the reply must be one JSON object.")
-    reasoning = data.get("reasoning") if isinstance(data.get("reasoning"), str) else ""
-    action = data.get("action")
+    decoded = _envelope(text, f"Give \"reasoning\", then \"action\": {legal}.")
+    if isinstance(decoded, str):
+        return SchemaTurn("invalid", "", error=decoded)
+    reasoning, action = decoded
     if isinstance(action, dict) and isinstance(action.get("finish"), list) and len(action) == 1:
         return SchemaTurn("response", reasoning, answer=json.dumps(action["finish"]))
     if isinstance(action, dict) and action.get("tool") in allowed and isinstance(action.get("arguments", {}), dict):
