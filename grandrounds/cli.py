@@ -116,7 +116,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
     --patients is started for the run (or --fhir-base names a real server) and every task goes through
     the same five stages, graded by the official refsol rules.
     """
-    from grandrounds.handlers.cases import load_cases
+    from grandrounds.handlers.cases import open_cases
     from grandrounds.handlers.policies.config import load_policy, with_ablations
     from grandrounds.handlers.runs import RunSpec
     from grandrounds.handlers.tools import parse_tool_spec
@@ -162,7 +162,7 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
             if looks_like_task_file(cases_file):
                 raise ValueError(f"{cases_file}: a JSON array, not a JSONL case file; for MedAgentBench tasks add "
                                  "--env medagentbench --funcs funcs_v1.json --patients patients_from_snapshot.json")
-            cases, source = load_cases(cases_file)
+            cases, source = open_cases(cases_file)  # streamed: checked whole, held as offsets
         decodes = schema_actions_apply(env, fhir_protocol, actions)
         choice = choose_backbone(backbone, model, base_url, record_from, live_fallthrough, max_steps,
                                  summary_every, actions if decodes else "text", timeout)

@@ -204,7 +204,7 @@ def worker(broker, db, group, name, topic_prefix, partitions, replication_factor
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def submit(cases_file, broker, run_id, policy, backbone, model, seed, lag, sim_tools, topic_prefix, as_json):
     """Produce CASES.jsonl as a run: its RunStart, then every case in order, keyed by run id."""
-    from grandrounds.handlers.cases import load_cases
+    from grandrounds.handlers.cases import open_cases
     from grandrounds.handlers.policies.config import load_policy
     from grandrounds.handlers.runs import RunSpec
     from grandrounds.handlers.tools import parse_tool_spec
@@ -216,7 +216,7 @@ def submit(cases_file, broker, run_id, policy, backbone, model, seed, lag, sim_t
         if lag:
             raise ValueError(f"--lag {lag}: the Kafka worker runs cases strictly in order; a lagged run (memory "
                              "pinned k cases back) runs on the embedded runner only (grandrounds run --lag)")
-        cases, source = load_cases(cases_file)
+        cases, source = open_cases(cases_file)
         pol = load_policy(policy)
         tools = dict(parse_tool_spec(s) for s in sim_tools)
         if backbone == "openai" and not model:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from grandrounds.store.errors import InvalidInput
+import hashlib
 import json
+import re
+from array import array
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Iterator, Literal, Sequence, overload
+
+import numpy as np
+
+from grandrounds.store.errors import InvalidInput
 
 from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, field_validator,
                       model_serializer, model_validator)
@@ -94,41 +100,51 @@ def jsonl_lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
+def parse_line(raw: str, number: int, path: str) -> Case | None:
+    """One line of a case file as a case (None for a blank line), or CaseFileError naming path:number."""
+    if not raw.strip():
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise CaseFileError(path, number, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise CaseFileError(path, number, None, "not a case: JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer past Python's digit limit
+        raise CaseFileError(path, number, None, f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CaseFileError(path, number, None, "a case must be a JSON object")
+    try:
+        # Everything a case holds is hashed as UTF-8 later (events, fingerprints): a \ud800-style
+        # escape of half a surrogate pair decodes but cannot be encoded, so refuse it here.
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise CaseFileError(path, number, None, "contains an unpaired surrogate escape (\\ud800-\\udfff)") from None
+    except (RecursionError, ValueError):
+        raise CaseFileError(path, number, None, "not a case: JSON nested too deeply") from None
+    try:
+        return Case.model_validate(data)
+    except RecursionError:
+        raise CaseFileError(path, number, None, "not a case: JSON nested too deeply") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        raise CaseFileError(path, number, _field_of(err), msg) from None
+
+
+def duplicate_error(path: str, number: int, case_id: str, first: int) -> CaseFileError:
+    return CaseFileError(path, number, "case_id", f"duplicate case_id {case_id!r} (first on line {first})")
+
+
 def parse_cases(lines: list[str], path: str) -> list[Case]:
     cases: list[Case] = []
     seen: dict[str, int] = {}
     for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
+        case = parse_line(raw, number, path)
+        if case is None:
             continue
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise CaseFileError(path, number, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-        except RecursionError:
-            raise CaseFileError(path, number, None, "not a case: JSON nested too deeply") from None
-        except ValueError as exc:  # e.g. an integer past Python's digit limit
-            raise CaseFileError(path, number, None, f"not valid JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise CaseFileError(path, number, None, "a case must be a JSON object")
-        try:
-            # Everything a case holds is hashed as UTF-8 later (events, fingerprints): a \ud800-style
-            # escape of half a surrogate pair decodes but cannot be encoded, so refuse it here.
-            json.dumps(data, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise CaseFileError(path, number, None, "contains an unpaired surrogate escape (\\ud800-\\udfff)") from None
-        except (RecursionError, ValueError):
-            raise CaseFileError(path, number, None, "not a case: JSON nested too deeply") from None
-        try:
-            case = Case.model_validate(data)
-        except RecursionError:
-            raise CaseFileError(path, number, None, "not a case: JSON nested too deeply") from None
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            msg = err["msg"].removeprefix("Value error, ")
-            raise CaseFileError(path, number, _field_of(err), msg) from None
         if case.case_id in seen:
-            raise CaseFileError(path, number, "case_id",
-                                f"duplicate case_id {case.case_id!r} (first on line {seen[case.case_id]})")
+            raise duplicate_error(path, number, case.case_id, seen[case.case_id])
         seen[case.case_id] = number
         cases.append(case)
     if not cases:
@@ -160,6 +176,170 @@ def parse_case_text(data: bytes, path: str) -> tuple[list[Case], str]:
     # the run's source, is what it was when files were read with Path.read_text.
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     return parse_cases(jsonl_lines(text), path), sha256_hex(text)
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_CHUNK = 1 << 20
+
+
+def _raw_lines(f: BinaryIO) -> Iterator[tuple[int, bytes, bytes]]:
+    """(byte offset, line without its end, the end) of each line of a binary file, split where text mode
+    splits (\r\n, \r, \n), read a chunk at a time. The last line has an empty end (and may be empty)."""
+    buf, base = b"", 0
+    while True:
+        chunk = f.read(_CHUNK)
+        eof = not chunk
+        buf += chunk
+        pos = 0
+        for m in _LINE_END.finditer(buf):
+            if not eof and m.end() == len(buf) and m.group() == b"\r":
+                break  # maybe the first half of a \r\n split between chunks
+            yield base + pos, buf[pos:m.start()], m.group()
+            pos = m.end()
+        buf, base = buf[pos:], base + pos
+        if eof:
+            yield base, buf, b""
+            return
+
+
+def _digest8(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+class CaseFile(Sequence[Case]):
+    """The cases of a JSONL file without holding them: checked whole when opened, read back one at a time.
+
+    Opening makes one streaming pass that does what `load_cases` does (the same checks, in the same
+    order, the same errors naming file and line, the same source hash) but keeps, per case, only where
+    its line is (offset, length, line number) and an 8-byte digest of the line: 32 bytes a case instead
+    of the parsed case (~3 KB), so a 100k-case file costs ~3 MB, not ~300 MB. `cases[i]` reads line i
+    again, checks its digest (a file changed since it was checked is refused, never run) and parses
+    it. Duplicate ids are found from 8-byte digests of the ids (confirmed on the ids themselves)."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self._offsets, self._lengths = array("q"), array("q")
+        self._numbers, self._digests = array("q"), array("Q")
+        self._fh: BinaryIO | None = None
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            raise CaseFileError(self.path, None, None, "file not found") from None
+        except IsADirectoryError:
+            raise CaseFileError(self.path, None, None, "is a directory, not a case file") from None
+        with f:
+            self.source = self._scan(f)
+
+    def _scan(self, f: BinaryIO) -> str:
+        path, hasher, ids = self.path, hashlib.sha256(), array("Q")
+        newlines, number, error = 0, 0, None
+        for offset, line, end in _raw_lines(f):
+            number += 1
+            try:
+                # decoded with its end, so an error's reason is the one decoding the whole file gives
+                text = (line + end).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                # every line is decoded, even after a bad one: load_cases refuses a file that is not
+                # UTF-8 before it parses any line, and so does this
+                raise CaseFileError(path, newlines + 1, None,
+                                    f"not UTF-8 text ({exc.reason} at byte {offset + exc.start})") from None
+            newlines += end.count(b"\n")
+            hasher.update(line + b"\n" if end else line)  # the text with every line end made \n
+            if error is not None:
+                continue
+            try:
+                case = parse_line(text[:len(text) - len(end)], number, path)
+            except CaseFileError as exc:
+                error = exc
+                continue
+            if case is None:
+                continue
+            self._offsets.append(offset)
+            self._lengths.append(len(line))
+            self._numbers.append(number)
+            self._digests.append(_digest8(line))
+            ids.append(_digest8(case.case_id.encode("utf-8")))
+        duplicate = self._first_duplicate(ids)
+        if duplicate is not None:  # on a line before any other error, as load_cases reports it
+            raise duplicate
+        if error is not None:
+            raise error
+        if not self._offsets:
+            raise CaseFileError(path, None, None, "no cases in file")
+        return hasher.hexdigest()
+
+    def _first_duplicate(self, ids: array) -> CaseFileError | None:
+        """The error load_cases raises for the first case whose id an earlier case had, if any."""
+        if len(ids) < 2:
+            return None
+        h = np.frombuffer(ids, dtype=np.uint64)
+        order = np.argsort(h, kind="stable")  # equal digests keep file order: the first is the original
+        ranked = h[order]
+        same = ranked[1:] == ranked[:-1]
+        if not same.any():
+            return None
+        starts = np.concatenate(([True], ~same))  # where each run of equal digests begins
+        first_of = order[np.maximum.accumulate(np.where(starts, np.arange(len(h)), 0))]
+        later = np.flatnonzero(~starts)  # every repeat, by rank
+        index = int(order[later].min())
+        first = int(first_of[later[np.argmin(order[later])]])
+        case, original = self[index], self[first]
+        if case.case_id != original.case_id:  # two ids share a digest (~1e-10 at 100k cases): check exactly
+            return self._exact_duplicate()
+        return duplicate_error(self.path, self._numbers[index], case.case_id, self._numbers[first])
+
+    def _exact_duplicate(self) -> CaseFileError | None:
+        seen: dict[str, int] = {}
+        for i in range(len(self)):
+            case_id = self[i].case_id
+            if case_id in seen:
+                return duplicate_error(self.path, self._numbers[i], case_id, self._numbers[seen[case_id]])
+            seen[case_id] = i
+        return None
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> Case: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Case]: ...
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"case {index} of {len(self)}")
+        if self._fh is None:
+            self._fh = open(self.path, "rb")
+        self._fh.seek(self._offsets[index])
+        line = self._fh.read(self._lengths[index])
+        number = self._numbers[index]
+        if _digest8(line) != self._digests[index]:
+            raise CaseFileError(self.path, number, None, "changed since the file was checked; run it again")
+        case = parse_line(line.decode("utf-8"), number, self.path)
+        assert case is not None  # a line that held a case when checked, unchanged
+        return case
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fh": None}
+
+
+def open_cases(path: str | Path) -> tuple[CaseFile, str]:
+    """`load_cases` for a run: the same checks and hash, the cases read back one at a time (CaseFile)."""
+    cases = CaseFile(path)
+    return cases, cases.source
 
 
 class FhirCaseView(BaseModel):
