@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from grandrounds.cli_group import main
-from grandrounds.errors import BAD_INPUT, fail
+from grandrounds.errors import BAD_INPUT, fail, fail_for
 
 DEFAULT_DB = "grandrounds.duckdb"
 
@@ -113,13 +113,25 @@ def _load_key(key_file, as_json):
 @click.option("--report", "report_path", default=None, metavar="HTML", help="Write a self-contained HTML report.")
 @click.option("--key-file", default=None, metavar="PATH",
               help="Sign the heads of the runs this replay writes (default: $GRANDROUNDS_SIGNING_KEY if set).")
+@click.option("--broker", default="memory", show_default=True, metavar="memory|kafka://HOST:PORT",
+              help="kafka://…: submit each permutation as a run to the `grandrounds worker` processes on that "
+                   "broker (any number, any machines), follow them and copy their events into --db; the "
+                   "fingerprints are those of a local replay. sim runs of MCQ cases, lag 0.")
+@click.option("--topic-prefix", default=None, metavar="PREFIX",
+              help="With --broker kafka://: the workers' topic prefix (default: $GRANDROUNDS_KAFKA_PREFIX or "
+                   "grandrounds.).")
+@click.option("--kafka-timeout", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="With --broker kafka://: give up (exit 1) when the runs are not complete after this long "
+                   "(default: $GRANDROUNDS_KAFKA_TIMEOUT, else wait; a note on stderr every 30 s without progress).")
 @_json_option
 def replay(db, source, count, seed, original, policy, ablations, sets, backbone, model, tag, workers,
-           live_fallthrough, base_url, baseline, plot_path, report_path, key_file, as_json):
+           live_fallthrough, base_url, baseline, plot_path, report_path, key_file, broker, topic_prefix,
+           kafka_timeout, as_json):
     """Replay a run's case log in K seeded orders (order sensitivity), or under a counterfactual policy.
 
     A run made with a model is replayed from its recorded exchanges (exit code 1 when a
-    permutation needs one the record does not hold, unless --live-fallthrough).
+    permutation needs one the record does not hold, unless --live-fallthrough). With
+    --broker kafka://HOST:PORT the permutations run on the Kafka workers instead of here.
     """
     from grandrounds.app import make_cache
     from grandrounds.replay_output import render_replay
@@ -130,6 +142,7 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
     for p, what in ((plot_path, "--plot"), (report_path, "--report")):
         if p and not Path(p).resolve().parent.exists():
             fail(f"{what} {p!r}: directory does not exist", 2, as_json)
+    kafka = _kafka_target(broker, topic_prefix, kafka_timeout, as_json)
     key = _load_key(key_file, as_json)
     store = _open(db, as_json, read_only=False)
     with store:
@@ -163,6 +176,9 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
                     raise click.BadParameter("--baseline none: this replay already runs policy none")
                 base_plan = plan_replay(store, source, count, seed, policy=load_policy("none"), backbone=backbone,
                                         model=model, original=original)
+            if kafka is not None:
+                result = _replay_on_kafka(store, plan, base_plan, kafka, workers, notes, as_json)
+                return _finish(store, result, notes, key, plot_path, report_path, db)
             bar = _progress(len(plan.runs) + (len(base_plan.runs) if base_plan else 0), "runs", as_json)
             try:
                 result = execute_plan(store, make_cache(store), plan, workers=n_workers,
@@ -179,28 +195,105 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
                 fail(f"{exc} (connection or server errors, not model answers)", 1, as_json)
             finally:
                 bar.close()
-            if key is not None:
-                from grandrounds.store.signing import sign_head
-
-                for r in result["runs"] + result.get("baseline", {}).get("runs", []):
-                    sign_head(store, r["run_id"], key)
-                result["signed_by"] = key.key_id
-            if notes:
-                result["notes"] = notes
-            if plot_path:
-                from grandrounds.replay.plot import plot_curves
-
-                plot_curves(result, plot_path)
-                result["plot"] = plot_path
-            if report_path:
-                from grandrounds.replay.report import write_report
-
-                write_report(store, result, db, report_path)
-                result["report"] = report_path
-            return result
+            return _finish(store, result, notes, key, plot_path, report_path, db)
 
         result = _guarded(as_json, go)
     _emit(dict(result, db=db), as_json, None if as_json else render_replay(result, db))
+
+
+def _finish(store, result: dict, notes: list[str], key, plot_path, report_path, db) -> dict:
+    """What every replay does with its result, wherever its runs executed: sign, plot, report."""
+    if key is not None:
+        from grandrounds.store.signing import sign_head
+
+        for r in result["runs"] + result.get("baseline", {}).get("runs", []):
+            sign_head(store, r["run_id"], key)
+        result["signed_by"] = key.key_id
+    if notes:
+        result["notes"] = notes
+    if plot_path:
+        from grandrounds.replay.plot import plot_curves
+
+        plot_curves(result, plot_path)
+        result["plot"] = plot_path
+    if report_path:
+        from grandrounds.replay.report import write_report
+
+        write_report(store, result, db, report_path)
+        result["report"] = report_path
+    return result
+
+
+def _kafka_target(broker: str, topic_prefix: str | None, timeout: float | None, as_json: bool):
+    """`--broker`: None for `memory` (this machine), else (bootstrap, Topics, timeout); a bad URL exits 2."""
+    from grandrounds.streams.topics import DEFAULT_PREFIX, BrokerUrlError, Topics, parse_broker_url
+
+    if broker == "memory":
+        if topic_prefix or timeout:
+            fail("--topic-prefix and --kafka-timeout go with --broker kafka://HOST:PORT", 2, as_json)
+        return None
+    try:
+        bootstrap = parse_broker_url(broker)
+    except BrokerUrlError as exc:
+        fail(str(exc), 2, as_json)
+    if timeout is None and os.environ.get("GRANDROUNDS_KAFKA_TIMEOUT"):
+        try:
+            timeout = float(os.environ["GRANDROUNDS_KAFKA_TIMEOUT"])
+        except ValueError:
+            fail(f"GRANDROUNDS_KAFKA_TIMEOUT={os.environ['GRANDROUNDS_KAFKA_TIMEOUT']!r}: not a number of seconds",
+                 2, as_json)
+    prefix = topic_prefix or os.environ.get("GRANDROUNDS_KAFKA_PREFIX") or DEFAULT_PREFIX
+    return bootstrap, Topics(prefix), timeout
+
+
+def _replay_on_kafka(store, plan, base_plan, kafka, workers, notes: list[str], as_json: bool) -> dict:
+    """Run the plan (and the baseline's) on the Kafka workers; exit 1 on a dead letter, a timeout or an
+    unreachable broker, 2 on a plan the workers cannot run or a run id they hold with another configuration."""
+    from tqdm import tqdm
+
+    from grandrounds.replay.execute import completed_cases
+    from grandrounds.replay.kafka_replay import check_kafka_plan, execute_plans_on_kafka
+    from grandrounds.store.eventstore import StoreError
+    from grandrounds.streams.producer import RunFailed
+
+    bootstrap, topics, timeout = kafka
+    plans = [p for p in (plan, base_plan) if p is not None]
+    for p in plans:
+        check_kafka_plan(p)  # bad input before anything is submitted
+    if workers:
+        notes.append(f"--workers {workers} ignored: the runs execute on the Kafka workers")
+    notes.append(f"runs executed by the Kafka workers at kafka://{bootstrap} (topics {topics.prefix}*), "
+                 "their events copied into this file from the changelog")
+    runs = [r for p in plans for r in p.runs]
+    bar = _progress(sum(len(r.job.cases) for r in runs), "cases", as_json)
+    bar.update(sum(min(completed_cases(store, r.run_id), len(r.job.cases)) for r in runs))
+    finished: list[str] = []
+
+    def run_done(r, res) -> None:
+        finished.append(r.run_id)
+        bar.set_postfix_str(f"{len(finished)}/{len(runs)} runs complete")
+        if not as_json:  # a line per run as well: the bar is hidden when stderr is not a terminal
+            state = "already in db" if res.processed == 0 and not res.worker else f"{res.processed} cases"
+            tqdm.write(f"run {r.run_id} complete ({state}; {len(finished)}/{len(runs)})", file=sys.stderr)
+
+    def stalled(message: str) -> None:
+        tqdm.write(f"waiting: {message}", file=sys.stderr)
+
+    try:
+        outs = execute_plans_on_kafka(store, plans, bootstrap, topics, timeout=timeout, on_run=run_done,
+                                      on_case=bar.update, on_stall=stalled)
+        result = outs[0]
+        if base_plan is not None:
+            result["baseline"] = {k: outs[1][k] for k in BASELINE_KEYS}
+    except (*_bad_input(), TimeoutError, StoreError):
+        raise  # exit 2 / exit 1 with its own message (`_guarded`)
+    except RunFailed as exc:  # a dead letter: the worker could not process a permutation
+        fail_for(exc, as_json)
+    except Exception as exc:  # noqa: BLE001 - the Kafka client's errors, e.g. the broker is unreachable
+        fail(f"Kafka at {bootstrap}: {exc!r}", 1, as_json)
+    finally:
+        bar.close()
+    return result
 
 
 BASELINE_KEYS = ("policy", "tag", "runs", "accuracy_mean", "accuracy_std", "accuracy_min", "accuracy_max",

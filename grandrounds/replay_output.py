@@ -12,7 +12,9 @@ from grandrounds.replay.plot import SIM_CAPTION
 
 def render_replay(res: dict, db: str) -> str:
     head = (f"replay of {res['source']} ({res['cases']} cases) · policy {res['policy']} · backbone {res['backbone']}"
-            f" · seed {res['seed']} · {res['permutations']} permutations · {res['workers']} worker(s) · db {db}")
+            f" · seed {res['seed']} · {res['permutations']} permutations · "
+            + (f"Kafka workers at {res['broker']}" if res.get("broker") else f"{res['workers']} worker(s)")
+            + f" · db {db}")
     lines = [click.style(head, bold=True)]
     if res.get("counterfactual"):
         lines.append(f"  counterfactual configuration {res['tag']}")
