@@ -221,6 +221,8 @@ class Deidentifier:
     def observe(self, payload: EventPayload, case_id: str | None) -> None:
         if isinstance(payload, CaseReceived) and case_id is not None:
             self._cases[case_id] = payload.case
+            if len(self._cases) > 256:  # the cases in flight (a policy that writes no memory never trims below)
+                self._cases.pop(next(iter(self._cases)))
 
     def scrubber(self, case_id: str | None) -> SubjectScrubber:
         key = case_id or ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from typing import Callable, Protocol, Sequence
 
 import duckdb
@@ -102,6 +103,10 @@ def shared_minilm() -> MiniLMEmbedder:
 
 _MACHINE = object()  # "the machine cache the environment names"
 
+MEMORY_LIMIT = 8192
+"""Vectors an `EmbeddingCache` keeps in memory (~13 MB of MiniLM's): the texts of recent cases and of
+the memory retrieval keeps asking for; older ones are read back from the file when asked for."""
+
 
 class EmbeddingCache:
     """Vectors by sha256(model + text): in memory, in the DuckDB file, and in the machine cache.
@@ -124,13 +129,16 @@ class EmbeddingCache:
         if machine is _MACHINE:  # only a real model's vectors are shared: a test double's are its own
             machine = machine_cache() if getattr(embedder, "machine_cacheable", False) else None
         self.machine: MachineEmbeddingCache | None = machine  # type: ignore[assignment]
-        self._mem: dict[str, np.ndarray] = {}
+        self.memory_limit = MEMORY_LIMIT
+        self._mem: OrderedDict[str, np.ndarray] = OrderedDict()
+        """The vectors used last, at most `memory_limit`; the rest are in the file (looked up by key). It
+        was every vector of the file, loaded whole: ~1.7 KB a text, growing with every new case."""
+        self._reader: duckdb.DuckDBPyConnection | None = None
         self._pending: dict[str, np.ndarray] = {}
         self._pending_machine: dict[str, np.ndarray] = {}
         self.machine_hits = 0
         self.hits = 0
         self.misses = 0
-        self._loaded = False
         if conn is not None:
             try:
                 conn.execute(self.SCHEMA)
@@ -142,34 +150,45 @@ class EmbeddingCache:
     def key(self, text: str) -> str:
         return sha256_hex(f"{self.embedder.name}\n{text}")
 
-    def _load_persisted(self) -> None:
-        self._loaded = True
+    def _persisted(self, k: str) -> np.ndarray | None:
+        """The file's vector for key `k`, read on its own cursor (a point lookup on the primary key)."""
         if self._conn is None:
-            return
-        rows = self._conn.execute(
-            "SELECT key, vector FROM embedding_cache WHERE model = ?", [self.embedder.name]
-        ).fetchall()
-        for key, vec in rows:
-            self._mem[key] = np.asarray(vec, dtype=np.float32)
+            return None
+        if self._reader is None:
+            self._reader = self._conn.cursor()
+        row = self._reader.execute("SELECT vector FROM embedding_cache WHERE key = ? AND model = ?",
+                                   [k, self.embedder.name]).fetchone()
+        return None if row is None else np.asarray(row[0], dtype=np.float32)
+
+    def _remember(self, k: str, vec: np.ndarray) -> None:
+        self._mem[k] = vec
+        if len(self._mem) > self.memory_limit:
+            self._mem.popitem(last=False)
 
     def get(self, text: str) -> np.ndarray:
-        if not self._loaded:
-            self._load_persisted()
         k = self.key(text)
         vec = self._mem.get(k)
         if vec is not None:
+            self._mem.move_to_end(k)
             self.hits += 1
+            return vec
+        vec = self._pending.get(k)
+        if vec is None:
+            vec = self._persisted(k)
+        if vec is not None:
+            self.hits += 1
+            self._remember(k, vec)
             return vec
         if self.machine is not None:
             vec = self.machine.get(k, self.embedder.dim)
             if vec is not None:
                 self.machine_hits += 1
-                self._mem[k] = vec
+                self._remember(k, vec)
                 self._pending[k] = vec
                 return vec
         self.misses += 1
         vec = self.embedder.embed_one(text)
-        self._mem[k] = vec
+        self._remember(k, vec)
         self._pending[k] = vec
         self._pending_machine[k] = vec
         return vec
@@ -185,7 +204,7 @@ class EmbeddingCache:
         Never written to the machine cache: a benchmark's synthetic vector must not reach real runs."""
         k = self.key(text)
         v = np.asarray(vec, dtype=np.float32)
-        self._mem[k] = v
+        self._remember(k, v)
         self._pending[k] = v
 
     def flush(self) -> int:

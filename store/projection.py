@@ -53,6 +53,10 @@ class MemoryProjection:
         return self
 
     @property
+    def cache(self) -> EmbeddingCache | None:
+        return self._cache
+
+    @property
     def seq(self) -> int:
         return self.state.last_seq
 

@@ -25,6 +25,7 @@ import base64
 import hashlib
 import hmac
 import json
+from collections import OrderedDict
 from typing import Any, Callable
 
 from cryptography.exceptions import InvalidTag
@@ -80,13 +81,40 @@ class ContentErased(GrandroundsError, LookupError):
     """Plaintext asked for (a fingerprint) of an event whose subject key is gone."""
 
 
+class _Recent(OrderedDict):
+    """A dict of the `limit` entries used last. The codec's caches were plain dicts, one entry per case
+    ever sealed (a cipher object and a ref per case: ~0.5 KB a case that never left memory); what they
+    hold can always be had again (the key ring, the store's subject refs), so the oldest is dropped."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def get(self, key, default=None):
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        return default
+
+    def put(self, key, value) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        if len(self) > self.limit:
+            self.popitem(last=False)
+
+
+CACHE_LIMIT = 4096
+"""Cases whose ref and cipher the codec keeps: far above the cases in flight (a commit group, `--lag`)."""
+
+
 class SealingCodec:
     """Seals and opens payloads with the subject keys of one key file."""
 
     def __init__(self, ring: KeyRing):
         self.ring = ring
-        self._refs: dict[tuple[str, str], str] = {}
-        self._aead: dict[str, AESGCMSIV] = {}
+        self._refs: _Recent = _Recent(CACHE_LIMIT)
+        """(run, case) -> subject ref of the case's `case.received`; past the limit, the store's lookup."""
+        self._aead: _Recent = _Recent(CACHE_LIMIT)
 
     def _cipher(self, ref: str) -> AESGCMSIV | None:
         c = self._aead.get(ref)
@@ -94,7 +122,8 @@ class SealingCodec:
             key = self.ring.key(ref)
             if key is None:
                 return None
-            c = self._aead[ref] = AESGCMSIV(key)
+            c = AESGCMSIV(key)
+            self._aead.put(ref, c)
         return c
 
     @staticmethod
@@ -106,14 +135,14 @@ class SealingCodec:
                  lookup: Callable[[str, str], str | None] | None) -> str:
         if type_ == "case.received":
             ref = self.ring.ref(subject_of(payload.get("case") or {}, case_id))
-            self._refs[(run_id, case_id)] = ref
+            self._refs.put((run_id, case_id), ref)
             return ref
         ref = self._refs.get((run_id, case_id))
         if ref is None and lookup is not None:
             ref = lookup(run_id, case_id)
         if ref is None:
             ref = self.ring.ref(f"case:{case_id}")
-        self._refs[(run_id, case_id)] = ref
+        self._refs.put((run_id, case_id), ref)
         return ref
 
     def seal(self, run_id: str, seq: int, type_: str, case_id: str | None, payload: dict,

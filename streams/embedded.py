@@ -78,6 +78,9 @@ class EmbeddedRunner:
     def flush(self) -> None:
         self.ctx.writer.flush()
         self._buffered = 0
+        cache = self.ctx.projection.cache
+        if cache is not None:  # new vectors go to the file with their group, not all at the end of the run:
+            cache.flush()  # the cache then keeps only the recent ones in memory (store/embeddings.py)
 
     async def run(self, cases: Sequence[Case], on_case: Progress | None = None) -> int:
         """Process every case not yet completed; returns how many were processed now.

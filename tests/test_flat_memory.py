@@ -1,0 +1,82 @@
+"""Per-case state that must not pile up as a run grows (issue 17 item 4): the sealing codec's caches stay
+bounded, and a case they dropped is still sealed under its own subject (via the store's lookup)."""
+
+from __future__ import annotations
+
+from grandrounds.store import sealing
+from grandrounds.store.keyring import KeyRing
+from grandrounds.store.sealing import SealingCodec
+
+
+def test_sealing_caches_stay_bounded_and_evicted_cases_keep_their_subject(tmp_path, monkeypatch):
+    monkeypatch.setattr(sealing, "CACHE_LIMIT", 16)
+    ring = KeyRing(tmp_path / "keys")
+    codec = SealingCodec(ring)
+    received: dict[tuple[str, str], str] = {}  # what the store would answer: the ref of each case.received
+
+    def lookup(run_id: str, case_id: str) -> str | None:
+        return received.get((run_id, case_id))
+
+    for i in range(200):
+        case = {"case_id": f"c{i}", "question": "q", "subject": f"patient-{i % 7}"}
+        out = codec.seal("r", 2 * i, "case.received", f"c{i}", {"case": case}, lookup)
+        received[("r", f"c{i}")] = out["$sealed"]["s"]
+    assert len(codec._refs) <= 16 and len(codec._aead) <= 16
+    # case c0 left the caches long ago: its answer still goes under patient-0's key, not "case:c0"
+    out = codec.seal("r", 999, "answer.given", "c0", {"answer": "A", "steps": []}, lookup)
+    assert out["$sealed"]["s"] == ring.ref("patient-0") != ring.ref("case:c0")
+    assert codec.open("r", 999, "answer.given", out)["answer"] == "A"
+
+
+def test_embedding_cache_keeps_recent_vectors_and_reads_the_rest_from_the_file(tmp_path):
+    import numpy as np
+
+    from grandrounds.store.embeddings import EmbeddingCache
+    from grandrounds.store.eventstore import EventStore
+    from tests.llm_helpers import HashEmbedder
+
+    with EventStore(tmp_path / "e.duckdb") as store:
+        cache = EmbeddingCache(HashEmbedder(), store.conn, machine=None)
+        cache.memory_limit = 8
+        texts = [f"text number {w} about alpha{w} beta{w}" for w in ("one two three four five six seven eight "
+                                                                     "nine ten eleven twelve thirteen").split()]
+        first = {t: cache.get(t).copy() for t in texts}
+        assert cache.misses == len(texts) and len(cache._mem) == 8
+        assert np.array_equal(cache.get(texts[0]), first[texts[0]]) and cache.misses == len(texts)  # from _pending
+        cache.flush()
+        again = {t: cache.get(t) for t in texts}  # the evicted ones come back from the file, bit for bit
+        assert cache.misses == len(texts) and len(cache._mem) == 8
+        assert all(np.array_equal(again[t], first[t]) for t in texts)
+        fresh = EmbeddingCache(HashEmbedder(), store.conn, machine=None)  # a new process: the file has them all
+        assert all(np.array_equal(fresh.get(t), first[t]) for t in texts) and fresh.misses == 0
+
+
+def test_a_run_writes_new_vectors_with_each_group(tmp_path):
+    from grandrounds.app import run_cases
+    from grandrounds.handlers.cases import Case
+    from grandrounds.handlers.policies.config import load_policy
+    from grandrounds.handlers.runs import RunSpec
+    from grandrounds.store.embeddings import EmbeddingCache
+    from grandrounds.store.eventstore import EventStore
+    from grandrounds.streams.embedded import GroupCommit
+    from tests.llm_helpers import HashEmbedder
+
+    words = "heart lung liver kidney brain bone skin blood nerve muscle eye ear".split()
+    cases = [Case(case_id=f"c{i}", kind="mcq", question=f"Which {words[i % 12]} finding {words[(i * 5) % 12]} "
+                  f"case{i}?", options={"A": "yes", "B": "no"}, answer="A") for i in range(40)]
+    pending: list[int] = []
+    with EventStore(tmp_path / "r.duckdb") as store:
+        cache = EmbeddingCache(HashEmbedder(), store.conn, machine=None)
+        run_cases(store, cases, RunSpec(policy=load_policy("evo-medagent")), run_id="r", cache=cache,
+                  group=GroupCommit(cases=4, ms=1e9), on_case=lambda i, ok: pending.append(len(cache._pending)))
+        assert cache.misses >= 40 and max(pending) <= 4 * (cache.misses // 40 + 2)  # a group's vectors, not the run's
+
+
+def test_deidentifier_keeps_the_recent_cases_only():
+    from grandrounds.handlers.deidentify import Deidentifier
+    from grandrounds.store.event_types import CaseReceived
+
+    d = Deidentifier(store=None, run_id="r")
+    for i in range(1000):  # a policy that writes no memory never asks for a scrubber, which also trimmed
+        d.observe(CaseReceived(index=i, case={"case_id": f"c{i}", "question": "q"}), f"c{i}")
+    assert len(d._cases) <= 256 and "c999" in d._cases
