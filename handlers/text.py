@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _TOKEN = re.compile(r"[a-z][a-z0-9]+")
@@ -43,3 +44,74 @@ def trigger_overlap(trigger: list[str], case_tokens: set[str]) -> float:
     if not trigger:
         return 0.0
     return sum(1 for t in trigger if t in case_tokens) / len(trigger)
+
+
+
+class TermIndex:
+    """Okapi BM25 over a growing set of texts (past cases), kept incrementally: term and document
+    frequencies per text, so scoring a few candidates costs nothing however large memory grows.
+
+    Why: cosine over MiniLM sentence vectors ranks a reworded case of the same diagnosis first for
+    23 of 28 held-out cases of benchmarks/bench_real_model.py's stream; BM25 over the shared findings,
+    among the cosine candidates, for 25 of 28. The formula and constants are rank_bm25's
+    `BM25Okapi` (k1 1.5, b 0.75, a negative idf floored at epsilon·mean idf), and
+    tests/test_term_index.py checks the scores against it. Sums run over sorted words, so a score
+    is the same float in every process (set order follows the string hash seed)."""
+
+    K1, B, EPSILON = 1.5, 0.75, 0.25
+
+    def __init__(self) -> None:
+        self.tf: dict[str, dict[str, int]] = {}
+        self.df: dict[str, int] = {}
+        self.total_len = 0
+        self._floor: tuple[int, float] | None = None  # (corpus size it was computed at, floor)
+
+    def __len__(self) -> int:
+        return len(self.tf)
+
+    @staticmethod
+    def words(text: str) -> list[str]:
+        return [t for t in tokens(text) if t not in STOPWORDS]
+
+    def add(self, key: str, text: str) -> None:
+        if key in self.tf:
+            return
+        words = self.words(text)
+        freq: dict[str, int] = {}
+        for w in words:
+            freq[w] = freq.get(w, 0) + 1
+        self.tf[key] = freq
+        self.total_len += len(words)
+        for w in freq:
+            self.df[w] = self.df.get(w, 0) + 1
+
+    def _idf(self) -> tuple[int, float]:
+        """(corpus size, the floor for negative idf): epsilon times the mean idf, as rank_bm25."""
+        n = len(self.tf)
+        if self._floor is None or self._floor[0] != n:  # one pass over the vocabulary per new text, not per query
+            total = sum(math.log(n - d + 0.5) - math.log(d + 0.5) for _, d in sorted(self.df.items()))
+            self._floor = (n, self.EPSILON * total / len(self.df) if self.df else 0.0)
+        return self._floor
+
+    def scores(self, query: str, keys: list[str]) -> list[float]:
+        """BM25 of each stored text in `keys` for the query text."""
+        if not self.tf:
+            return [0.0 for _ in keys]
+        n, floor = self._idf()
+        avgdl = self.total_len / n
+        q = self.words(query)
+        out = []
+        for key in keys:
+            freq = self.tf.get(key, {})
+            dl = sum(freq.values())
+            score = 0.0
+            for w in q:  # repeated query words count again, as rank_bm25's do
+                f = freq.get(w, 0)
+                if not f:
+                    continue
+                d = self.df[w]
+                idf = math.log(n - d + 0.5) - math.log(d + 0.5)
+                idf = floor if idf < 0 else idf
+                score += idf * f * (self.K1 + 1) / (f + self.K1 * (1 - self.B + self.B * dl / avgdl))
+            out.append(score)
+        return out

@@ -96,7 +96,7 @@ def test_the_precedent_baseline_stores_cases_without_a_model_and_shows_the_neare
     assert out.summary["memory"]["episodes"] == 3 and "reflection.recorded" not in types
     assert seen["p1"]["prefix"] == render_prefix([], [], [])
     assert [e["source_case_id"] for e in seen["d2"]["episodes"]] == ["d1"]
-    assert "Confirmed answer: Aortic dissection (the agent" in seen["d2"]["prefix"]
+    assert "Confirmed answer: Aortic dissection (option B in this question) (the agent" in seen["d2"]["prefix"]
 
 
 def test_a_precedent_says_the_agent_was_wrong_without_naming_the_wrong_answer():

@@ -48,8 +48,10 @@ class EvoMedAgentPolicy(PolicyBase):
     """Track tool records and relabel tools."""
     writing: bool = True
     """Reflect and write memory at all (false freezes memory: offline test mode)."""
-    top_k_episodes: int = Field(3, ge=0)
-    """K_E; the paper leaves it open, 3 as in the published code."""
+    top_k_episodes: int = Field(1, ge=0)
+    """K_E; the paper leaves it open (its published code: 3). 1: given precedents of different
+    diagnoses, the local 1.5 B model followed the wrong one as often as the right one
+    (benchmarks/bench_real_model.py); `precedent` shows 1 for the same reason."""
     top_k_rules: int = Field(5, ge=0)
     """K_S; the paper leaves it open, 5 as in the published code."""
     candidate_pool: int = Field(32, ge=1)
@@ -97,6 +99,20 @@ class EvoMedAgentPolicy(PolicyBase):
     (benchmarks/bench_real_model.py): a named wrong answer is copied as this case's answer, as the
     review gate's lessons that teach a wrong option would be. Runs recorded before this field: true."""
 
+    episode_rerank: int = Field(8, ge=0)
+    """MCQ cases: the nearest this many episodes by cosine (at or above the floor) are re-ranked by BM25
+    over their shared findings (handlers/text.py `TermIndex`) before K_E are taken; 0: cosine order
+    (runs recorded before this field). Not in the paper: on the real-model benchmark's held-out
+    stream the first episode is of the case's own diagnosis for 25 of 28 cases, against 23 by cosine."""
+    precedent_style: Literal[1, 2] = 2
+    """2: a precedent says which option of this question its confirmed answer is, and shows the first
+    240 characters of its guideline (handlers/policies/precedents.py); 1: runs recorded before."""
+    strict_lessons: bool = True
+    """The review gate keeps a guideline from a case the agent answered wrongly only when it concludes
+    with the confirmed answer (measured: the 1.5 B model's lessons from its own errors restate its
+    wrong diagnosis, e.g. "the most likely diagnosis is PID" for a confirmed ovarian torsion);
+    false: runs recorded before this field."""
+
     ablations: ClassVar[dict[str, dict[str, Any]]] = {
         "no-writing": {"writing": False},
         "no-governance": {"governance": False},
@@ -106,8 +122,10 @@ class EvoMedAgentPolicy(PolicyBase):
         "episodic-only": {"procedural": False},
         "no-floors": {"episode_floor": -1.0, "rule_floor": 0.0},
         "no-review": {"review_gate": False},
+        "cosine-only": {"episode_rerank": 0},
     }
-    recorded_defaults: ClassVar[dict[str, Any]] = {"name_wrong_answers": True}
+    recorded_defaults: ClassVar[dict[str, Any]] = {"name_wrong_answers": True, "episode_rerank": 0,
+                                                   "precedent_style": 1, "strict_lessons": False}
 
 
 class NoMemoryPolicy(PolicyBase):

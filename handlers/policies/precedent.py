@@ -15,7 +15,7 @@ from pydantic import Field
 
 from grandrounds.handlers.policies.base import MemoryPolicy
 from grandrounds.handlers.policies.config import PolicyBase
-from grandrounds.handlers.policies.precedents import findings_of, precedent_line
+from grandrounds.handlers.policies.precedents import findings_of, precedent_line, rerank_episodes
 from grandrounds.handlers.policies.render import render_prefix
 from grandrounds.handlers.text import key_terms
 from grandrounds.handlers.policies.evo_medagent.events import EpisodeStored
@@ -29,16 +29,25 @@ class PrecedentPolicy(PolicyBase):
     name: Literal["precedent"] = "precedent"
     writing: bool = True
     """Store each case after feedback (false freezes memory: offline test mode)."""
-    k: int = Field(2, ge=0)
-    """Precedents shown per case."""
+    k: int = Field(1, ge=0)
+    """Precedents shown per case. 1: given two precedents of different diagnoses, the local 1.5 B model
+    followed the wrong one as often as the right one (benchmarks/bench_real_model.py)."""
     floor: float = 0.5
     """Cosine (question embeddings) below which a past case is not shown; the same floor as
     evo-medagent's `episode_floor` (see there for how it was found)."""
     name_wrong_answers: bool = False
     """As evo-medagent's: name the agent's wrong answer in a precedent (runs recorded before: true)."""
+    rerank: int = Field(8, ge=0)
+    """The nearest this many past cases by cosine (at or above the floor) are re-ranked by BM25 over
+    their shared findings (handlers/text.py `TermIndex`) before the k are taken; 0: cosine order
+    (runs recorded before this field)."""
+    precedent_style: Literal[1, 2] = 2
+    """2: a precedent says which option of this question its confirmed answer is
+    (handlers/policies/precedents.py `option_note`); 1: the text only (runs recorded before)."""
 
-    ablations: ClassVar[dict[str, dict[str, Any]]] = {"no-writing": {"writing": False}}
-    recorded_defaults: ClassVar[dict[str, Any]] = {"name_wrong_answers": True}
+    ablations: ClassVar[dict[str, dict[str, Any]]] = {"no-writing": {"writing": False},
+                                                       "cosine-only": {"rerank": 0}}
+    recorded_defaults: ClassVar[dict[str, Any]] = {"name_wrong_answers": True, "rerank": 0, "precedent_style": 1}
 
 
 class PrecedentMemory(MemoryPolicy):
@@ -51,17 +60,23 @@ class PrecedentMemory(MemoryPolicy):
         lines: list[str] = []
         if cfg.k and len(mem.episode_index):
             own = proj.own_cases(case.case_id)  # the case and its content twins
-            for label, rel in mem.episode_index.search(proj.embed(ctx.retrieval_text(case.question, case.case_id)),
-                                                       cfg.k + len(own)):
+            query = ctx.retrieval_text(case.question, case.case_id)
+            pool = max(cfg.k, cfg.rerank)
+            found = []
+            for label, rel in mem.episode_index.search(proj.embed(query), pool + len(own)):
                 ep = mem.episodes[mem.episode_by_label[label]]
-                if ep.case_id in own or rel < cfg.floor:  # leakage guard, relevance floor
-                    continue
-                if len(episodes) == cfg.k:
-                    break
+                if ep.case_id not in own and rel >= cfg.floor:  # leakage guard, relevance floor
+                    found.append((ep, rel))
+            found = found[:pool]
+            if cfg.rerank:
+                found = rerank_episodes(found, mem.term_index(), query)
+            options = getattr(case, "options", None)
+            for ep, rel in found[:cfg.k]:
                 episodes.append(RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary="",
                                                  guideline="", trigger=ep.trigger, relevance=round(float(rel), 6)))
                 lines.append(precedent_line(findings_of(ep.descriptor), ep.gold_text or f"option {ep.gold}",
-                                            ep.answer_text, ep.correct, "", cfg.name_wrong_answers))
+                                            ep.answer_text, ep.correct, "", cfg.name_wrong_answers,
+                                            cfg.precedent_style, options))
         return MemoryRetrieved(memory_seq=memory_seq, episodes=episodes,
                                prefix=render_prefix([], [], episodes, lines))
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from grandrounds.handlers.agent.protocol import explicit_statement, mentioned_options
+from grandrounds.handlers.agent.protocol import align_reply, explicit_statement, mentioned_options
 from grandrounds.handlers.text import content_tokens, key_terms, trigger_overlap
 
 FINDINGS_CHARS = 320
@@ -36,10 +36,42 @@ def findings_of(question: str, limit: int = FINDINGS_CHARS) -> str:
     return text[:limit].rsplit(" ", 1)[0] + " …"
 
 
+GUIDELINE_CHARS = 240
+"""Style 2 shows this much of a precedent's guideline: a 1.5 B model's lessons run on, restating the
+case; the first sentences carry the lesson."""
+
+
+def option_note(gold_text: str, options: dict[str, str] | None) -> str:
+    """Style 2: where a precedent's confirmed answer stands among this question's options. A small
+    model given the text alone weighs it like any finding (measured: it followed a same-diagnosis
+    precedent in 19 of 23 held-out cases); given the letter, it can use it."""
+    if not options or not gold_text:
+        return ""
+    want = " ".join(gold_text.lower().split())
+    for letter, text in options.items():
+        if " ".join(text.lower().split()) == want:
+            return f" (option {letter} in this question)"
+    return " (not among this question's options)"
+
+
+def _cut(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
+
+
+def rerank_episodes(candidates: list, index, query: str) -> list:
+    """(episode, cosine) candidates in cosine order, re-ordered by BM25 over the shared findings
+    (`TermIndex`, handlers/text.py); ties keep the cosine order."""
+    scores = index.scores(query, [ep.episode_id for ep, _ in candidates])
+    return [candidates[i] for i in sorted(range(len(candidates)), key=lambda i: (-scores[i], i))]
+
+
 def precedent_line(findings: str, gold_text: str, answer_text: str, correct: bool, guideline: str,
-                   name_wrong: bool = False) -> str:
+                   name_wrong: bool = False, style: int = 1, options: dict[str, str] | None = None) -> str:
     """`name_wrong`: name the agent's wrong answer. A small model reads a named wrong answer as a
-    candidate for this case (measured: it answered that option), so by default it is not named."""
+    candidate for this case (measured: it answered that option), so by default it is not named.
+    `style` 2 (runs recorded before it: 1): the confirmed answer's option letter in this question
+    (`options`), and the guideline's first GUIDELINE_CHARS characters."""
     if not answer_text:
         agent = "the agent gave no valid answer"
     elif correct:
@@ -48,7 +80,11 @@ def precedent_line(findings: str, gold_text: str, answer_text: str, correct: boo
         agent = f"the agent answered {answer_text}, which was wrong"
     else:
         agent = "the agent's answer was wrong"
-    line = f"- Past case: {findings} Confirmed answer: {gold_text} ({agent})."
+    if style >= 2:
+        line = f"- Past case: {findings} Confirmed answer: {gold_text}{option_note(gold_text, options)} ({agent})."
+        guideline = _cut(guideline, GUIDELINE_CHARS) if guideline else ""
+    else:
+        line = f"- Past case: {findings} Confirmed answer: {gold_text} ({agent})."
     return f"{line} Guideline: {guideline}" if guideline else line
 
 
@@ -76,3 +112,15 @@ def review_text(text: str, question: str, options: dict[str, str], gold: str) ->
     if norm in " ".join(question.lower().split()) or (words and words <= content_tokens(question) and not named):
         return "only a finding of this case"
     return None
+
+
+def unconfirmed_lesson(text: str, options: dict[str, str], gold: str) -> str | None:
+    """Why a lesson written after a wrong answer must not become memory: it does not settle on the
+    confirmed answer (an explicit statement, else the option its last naming sentence names). The
+    same model that answered wrongly tends to restate its wrong diagnosis in the lesson."""
+    letter, _ = align_reply(text, options)
+    if letter == gold:
+        return None
+    if letter is None:
+        return f"a lesson from a wrong answer that does not conclude with the confirmed answer {gold}"
+    return f"a lesson from a wrong answer that concludes with option {letter}, not the confirmed answer {gold}"

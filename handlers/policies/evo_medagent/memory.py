@@ -11,9 +11,11 @@ all zero, and the tools it was offered).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from grandrounds.handlers.policies.evo_medagent import events as evo
+from grandrounds.handlers.text import TermIndex
 from grandrounds.store import event_types as ev
 from grandrounds.store.events import EventPayload
 from grandrounds.store.policy_memory import Embed, register_part
@@ -173,6 +175,8 @@ MEMORY_TYPES = ("run.started", "feedback.recorded") + tuple(
 class EvoMemory(EvoFold):
     """The fold plus the indexes retrieval searches; equality (rebuild vs live) is the fold's."""
 
+    _checkpoint_skip = ("_terms",)  # the BM25 index is derived from `episodes` when first needed
+
     dim: int = 0
     exact_limit: int = 4096
     rule_index: VectorIndex = field(default=None)  # type: ignore[assignment]
@@ -214,6 +218,18 @@ class EvoMemory(EvoFold):
         elif isinstance(payload, evo.EpisodeStored):
             label = self.episode_index.add(embed(payload.descriptor))
             self.episode_by_label[label] = payload.episode_id
+
+    def term_index(self) -> TermIndex:
+        """BM25 over the episodes' case texts (re-ranks the nearest episodes: handlers/text.py). Derived
+        from `episodes` when first needed and kept in step (episodes are only ever added), so no
+        checkpoint holds it and every way of restoring memory gets the same index."""
+        index: TermIndex | None = getattr(self, "_terms", None)
+        if index is None:
+            index = self._terms = TermIndex()
+        if len(index) != len(self.episodes):  # the new ones are the last (insertion order)
+            for ep in islice(self.episodes.values(), len(index), None):
+                index.add(ep.episode_id, ep.descriptor)
+        return index
 
     def _index_rule(self, rule_id: str, text: str, embed: Embed) -> None:
         label = self.rule_index.add(embed(text))

@@ -19,7 +19,8 @@ from grandrounds.handlers.cases import Case
 from grandrounds.handlers.llm.recorder import stage_recorder
 from grandrounds.handlers.policies.base import MemoryPolicy
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
-from grandrounds.handlers.policies.precedents import findings_of, precedent_line, review_text, rule_matches
+from grandrounds.handlers.policies.precedents import (findings_of, precedent_line, rerank_episodes, review_text,
+                                                      rule_matches, unconfirmed_lesson)
 from grandrounds.handlers.policies.render import BASE_PROTOCOL, render_prefix  # noqa: F401  (re-exported)
 from grandrounds.handlers.policies.evo_medagent.events import (EpisodeStored, RuleAdded, RuleEdited, RulePriorityChanged,
                                                             RuleRetired, ToolLabelChanged)
@@ -113,16 +114,22 @@ def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, own: str | Iter
 
 
 def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, own: str | Iterable[str], query: np.ndarray,
-                    floor: float = -1.0):
+                    floor: float = -1.0, rerank_text: str | None = None):
     """Top episodes by cosine at or above the floor, excluding the case's own (and its content twins'):
-    (episode, relevance) tuples."""
+    (episode, relevance) tuples. `rerank_text` (MCQ cases, `episode_rerank` > 0): the nearest
+    `episode_rerank` are re-ranked by BM25 over that text's findings before K_E are taken."""
     own = own_set(own)
     out = []
     mem = evo_memory(proj)
-    for label, relevance in mem.episode_index.search(query, cfg.top_k_episodes + len(own)):
+    rerank = cfg.episode_rerank if rerank_text is not None else 0
+    pool = max(cfg.top_k_episodes, rerank)
+    for label, relevance in mem.episode_index.search(query, pool + len(own)):
         ep = mem.episodes[mem.episode_by_label[label]]
         if ep.case_id not in own and relevance >= floor:  # leakage guard, relevance floor
             out.append((ep, relevance))
+    out = out[:pool]
+    if rerank:
+        out = rerank_episodes(out, mem.term_index(), rerank_text)
     return out[: cfg.top_k_episodes]
 
 
@@ -144,22 +151,24 @@ def evo_retrieve(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case: Case, mem
     episodes: list[RetrievedEpisode] = []
     precedents: list[str] = []
     if cfg.episodic and cfg.top_k_episodes and len(state.episode_index):
-        for ep, rel in select_episodes(proj, cfg, own, query, cfg.episode_floor if mcq else -1.0):
+        for ep, rel in select_episodes(proj, cfg, own, query, cfg.episode_floor if mcq else -1.0,
+                                       (case.question if question is None else question) if mcq else None):
             episodes.append(RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary=ep.summary,
                                              guideline=ep.guideline, trigger=ep.trigger, relevance=_r6(rel)))
-            precedents.append(episode_precedent(ep, cfg.name_wrong_answers))
+            precedents.append(episode_precedent(ep, cfg.name_wrong_answers, cfg.precedent_style,
+                                                getattr(case, "options", None) if mcq else None))
 
     guidance = [ToolGuidance(tool=name, label=state.tools[name].label) for name in sorted(state.tools)]
     return MemoryRetrieved(memory_seq=memory_seq, rules=rules, episodes=episodes, tool_guidance=guidance,
                            prefix=render_prefix(guidance, rules, episodes, precedents))
 
 
-def episode_precedent(ep, name_wrong: bool = False) -> str:
+def episode_precedent(ep, name_wrong: bool = False, style: int = 1, options: dict[str, str] | None = None) -> str:
     """An episode as a precedent when it knows its options' texts (MCQ); else the paper's summary line."""
     if not ep.gold_text:
         return f"- {ep.summary} Guideline: {ep.guideline}"
     return precedent_line(findings_of(ep.descriptor), ep.gold_text, ep.answer_text, ep.correct, ep.guideline,
-                          name_wrong)
+                          name_wrong, style, options)
 
 
 class EvoMedAgentMemory(MemoryPolicy):
@@ -192,7 +201,7 @@ class EvoMedAgentMemory(MemoryPolicy):
             failed = CaseFailed(stage="reflect", reason=exc.reason, steps=exc.steps)
             ctx.writer.emit(failed, case_id=case.case_id)
             return failed
-        rejected, review = self._review(case, result)
+        rejected, review = self._review(case, result, fb.correct)
         if review:
             result = result.model_copy(update={"review": review})
         cause = ctx.writer.emit(result, case_id=case.case_id)
@@ -214,7 +223,7 @@ class EvoMedAgentMemory(MemoryPolicy):
                     self._apply_edit(ctx, case, edit, cause)
         return result
 
-    def _review(self, case: Case, result: ReflectionRecorded) -> tuple[set, list[str]]:
+    def _review(self, case: Case, result: ReflectionRecorded, correct: bool = True) -> tuple[set, list[str]]:
         """The review gate (MCQ cases): edit indices and "guideline" kept out of memory, and why."""
         if not self.config.review_gate or case.kind != "mcq":
             return set(), []
@@ -227,6 +236,8 @@ class EvoMedAgentMemory(MemoryPolicy):
                     rejected.add(i)
                     review.append(f"edit {i}: {why}")
         why = review_text(result.guideline, case.question, case.options, case.answer) if result.guideline else None
+        if why is None and result.guideline and self.config.strict_lessons and not correct:
+            why = unconfirmed_lesson(result.guideline, case.options, case.answer)
         if why:
             rejected.add("guideline")
             review.append(f"guideline: {why}")
