@@ -5,10 +5,10 @@
 The example cases repeated under new ids (as bench_memory.py), sim backbone, MiniLM with a warm
 cache (a 78-case run first embeds every text). Printed per sample, side by side: resident memory
 (RSS), what DuckDB says it holds (`duckdb_memory()`), the Python heap (tracemalloc; numpy arrays
-included, hnswlib's C++ graph not), the run's memory items, and, once, what the parsed case list
-costs (`load_cases` keeps every case of the file: the part of the growth that streaming the file
-would remove). The rest of RSS growth is the allocator's and native libraries' (hnswlib builds its
-graph once a memory passes 4,096 items).
+included, hnswlib's C++ graph not), the run's memory items, and, once, what the case file costs
+held: parsed whole (`load_cases`, what `grandrounds run` did before) and streamed (`open_cases`, what
+it does now: offsets only). The run reads the streamed one. The rest of RSS growth is the allocator's
+and native libraries' (hnswlib builds its graph once a memory passes 4,096 items).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_memory import case_file  # noqa: E402
 from benchmarks.common import bench_dir  # noqa: E402
 from grandrounds.app import run_cases  # noqa: E402
-from grandrounds.handlers.cases import load_cases  # noqa: E402
+from grandrounds.handlers.cases import load_cases, open_cases  # noqa: E402
 from grandrounds.handlers.policies.config import load_policy  # noqa: E402
 from grandrounds.handlers.runs import RunSpec  # noqa: E402
 from grandrounds.store.eventstore import EventStore  # noqa: E402
@@ -47,9 +47,16 @@ def main() -> None:
     work = bench_dir("gr-bench-memory-breakdown-")
     path = case_file(work, a.cases)
     gc.collect()
-    before = rss_mb()
-    cases = load_cases(path)[0]
-    case_list_mb = rss_mb() - before
+    tracemalloc.start()
+    parsed = load_cases(path)[0]
+    case_list_mb = tracemalloc.get_traced_memory()[0] / 2 ** 20
+    del parsed
+    tracemalloc.stop()
+    gc.collect()
+    tracemalloc.start()
+    cases = open_cases(path)[0]
+    streamed_mb = tracemalloc.get_traced_memory()[0] / 2 ** 20
+    tracemalloc.stop()
     store = EventStore(work / "run.duckdb")
     spec = RunSpec(policy=load_policy(a.policy))
     run_cases(store, cases[:78], spec, run_id="warm")  # loads MiniLM (if needed) and warms the cache
@@ -80,12 +87,15 @@ def main() -> None:
     counts = holder["ctx"].projection.state.counts()
     items = {k: v for k, v in counts.items() if isinstance(v, int)}
     out = {"policy": a.policy, "cases": a.cases, "case_list_mb": round(case_list_mb, 1),
-           "case_list_kb_per_case": round(case_list_mb * 1024 / a.cases, 2), "memory_items": items, "samples": rows}
+           "case_list_kb_per_case": round(case_list_mb * 1024 / a.cases, 2),
+           "streamed_case_file_mb": round(streamed_mb, 2),
+           "streamed_kb_per_case": round(streamed_mb * 1024 / a.cases, 3), "memory_items": items, "samples": rows}
     if a.json:
         print(json.dumps(out))
         return
-    print(f"{a.policy}, sim, {a.cases} cases; parsed case list {out['case_list_mb']} MB "
-          f"({out['case_list_kb_per_case']} KB/case); memory at the end: {items}")
+    print(f"{a.policy}, sim, {a.cases} cases; case file parsed whole {out['case_list_mb']} MB "
+          f"({out['case_list_kb_per_case']} KB/case), streamed {out['streamed_case_file_mb']} MB "
+          f"({out['streamed_kb_per_case']} KB/case); memory at the end: {items}")
     print(f"{'cases':>7} {'RSS MB':>8} {'growth':>8} {'DuckDB':>8} {'Py heap':>8}")
     for r in rows:
         print(f"{r['cases']:>7} {r['rss_mb']:>8} {r['rss_growth_mb']:>8} {r['duckdb_mb']:>8} {r['python_heap_mb']:>8}")
