@@ -58,10 +58,19 @@ def log(msg: str) -> None:
 
 
 def fresh_copy(src: Path, dst: Path) -> Path:
-    if dst.exists():
-        dst.unlink()
+    """A copy of a database file with its key file (`<db>.keys`): without it the sealed case content
+    of the copy reads as erased and the run cannot be replayed."""
+    remove_db(dst)
     shutil.copyfile(src, dst)
+    keys = Path(f"{src}.keys")
+    if keys.exists():
+        shutil.copyfile(keys, f"{dst}.keys")
     return dst
+
+
+def remove_db(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    Path(f"{path}.keys").unlink(missing_ok=True)
 
 
 def build_source(path: Path, n: int) -> dict:
@@ -91,7 +100,7 @@ def warm_up(source: Path, work: Path, k: int, seed: int, workers: int) -> dict:
                            "WHERE key NOT IN (SELECT key FROM embedding_cache)")
         store.conn.execute("DETACH w")
         after = store.conn.execute("SELECT count(*) FROM embedding_cache").fetchone()[0]
-    tmp.unlink()
+    remove_db(tmp)
     return {"seconds": round(time.perf_counter() - t0, 1), "vectors_added": int(after - before),
             "fingerprints": [r["fingerprint"] for r in result["runs"]]}
 
@@ -233,8 +242,10 @@ def main() -> None:
     assert report["k_by_n"]["fingerprints"] == report["warm_up"]["fingerprints"], "replay results changed"
     log(f"  {report['k_by_n']['wall_seconds']} s\naudit …")
     report["audit"] = audit(kxn_db, work)
-    for leftover in ("one.duckdb", "two.duckdb", "kxn.duckdb", "verify.duckdb", "cab.parquet", "cab.jsonl"):
-        (work / leftover).unlink(missing_ok=True)  # the phases' copies; the source file is kept for reuse
+    for leftover in ("one.duckdb", "two.duckdb", "kxn.duckdb", "verify.duckdb"):
+        remove_db(work / leftover)  # the phases' copies; the source file is kept for reuse
+    for leftover in ("cab.parquet", "cab.jsonl"):
+        (work / leftover).unlink(missing_ok=True)
     report["peak_rss_mb"] = {
         "this_process": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "largest_child": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),

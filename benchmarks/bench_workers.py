@@ -63,11 +63,14 @@ def main() -> None:
             for w in ((1, 2) if r % 2 == 0 else (2, 1)):
                 db = work / f"copy-{name}.duckdb"
                 shutil.copyfile(sources[name], db)
+                if Path(f"{sources[name]}.keys").exists():  # sealed case content needs its key file
+                    shutil.copyfile(f"{sources[name]}.keys", f"{db}.keys")
                 dt, out = cli(python, ["replay", "--db", str(db), "--from", "src", "--permutations", "2",
                                        "--workers", str(w)], work)
                 assert out["cases_executed"] == 2 * half
                 rates[name][w].append(2 * half / dt)
                 db.unlink()
+                Path(f"{db}.keys").unlink(missing_ok=True)
     out = {"cases": 2 * half, "loadavg_1min": round(os.getloadavg()[0], 1), "cases_per_s": {
         n: {f"{w} worker{'s' if w > 1 else ''}": [round(min(v), 1), round(max(v), 1)] for w, v in by.items()}
         for n, by in rates.items()},

@@ -123,6 +123,28 @@ def stated_terms(text: str) -> list[tuple[str, str]]:
     return out
 
 
+_SPANS: dict[tuple[str, str], tuple] = {}
+_SPANS_KEPT = 4096
+
+
+def _identifying_spans(s: str, allowed_text: str) -> tuple:
+    """The identifying entities in `s` (`find_entities`, less instance numbers and placeholders already
+    written), memoised: they are a pure function of the two texts, and a run scrubs the same strings over
+    and over (a rule's text in every retrieval that shows it, trigger words, the case question in each of
+    its memory events), each a pass of some twenty patterns. Bounded: the oldest entry goes first."""
+    key = (s, allowed_text)
+    spans = _SPANS.get(key)
+    if spans is not None:
+        return spans
+    spans = tuple(v for v in find_entities(s, allowed_text=allowed_text)
+                  if v.category in ("name", "url", "email", "phone", "date", "identifier")
+                  and not _PLACEHOLDER_RE.fullmatch(v.match))
+    if len(_SPANS) >= _SPANS_KEPT:
+        del _SPANS[next(iter(_SPANS))]
+    _SPANS[key] = spans
+    return spans
+
+
 class SubjectScrubber:
     """The two passes for one case: its own identifiers, then the generic patterns."""
 
@@ -145,10 +167,7 @@ class SubjectScrubber:
             return s
         if self._re is not None:
             s = self._re.sub(self._replace_term, s)
-        spans = [v for v in find_entities(s, allowed_text=self.allowed_text)
-                 if v.category in ("name", "url", "email", "phone", "date", "identifier")
-                 and not _PLACEHOLDER_RE.fullmatch(v.match)]
-        for v in spans:
+        for v in _identifying_spans(s, self.allowed_text):
             kind = "mrn" if v.category == "identifier" and _MRN_LIKE.match(v.match) else v.category
             n = s.count(v.match)
             if n:

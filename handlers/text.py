@@ -65,6 +65,8 @@ class TermIndex:
         self.df: dict[str, int] = {}
         self.total_len = 0
         self._floor: tuple[int, float] | None = None  # (corpus size it was computed at, floor)
+        self._vocab: list[str] = []  # the vocabulary in sorted order, kept for `_idf`
+        self._new_words: list[str] = []  # words added since `_vocab` was last merged
 
     def __len__(self) -> int:
         return len(self.tf)
@@ -83,21 +85,32 @@ class TermIndex:
         self.tf[key] = freq
         self.total_len += len(words)
         for w in freq:
-            self.df[w] = self.df.get(w, 0) + 1
+            d = self.df.get(w, 0)
+            if not d:
+                self._new_words.append(w)
+            self.df[w] = d + 1
 
     def _idf(self) -> tuple[int, float]:
         """(corpus size, the floor for negative idf): epsilon times the mean idf, as rank_bm25."""
         n = len(self.tf)
         if self._floor is None or self._floor[0] != n:  # one pass over the vocabulary per new text, not per query
-            total = sum(math.log(n - d + 0.5) - math.log(d + 0.5) for _, d in sorted(self.df.items()))
-            self._floor = (n, self.EPSILON * total / len(self.df) if self.df else 0.0)
+            if self._new_words:  # two sorted runs: timsort merges them in one pass
+                self._vocab = sorted(self._vocab + sorted(self._new_words))
+                self._new_words = []
+            # The same sum over the sorted vocabulary as ever, but each word's term looked up by its
+            # document frequency: a handful of distinct values, so two logs per value, not per word.
+            df = self.df
+            term = {d: math.log(n - d + 0.5) - math.log(d + 0.5) for d in set(df.values())}
+            total = sum([term[df[w]] for w in self._vocab])
+            self._floor = (n, self.EPSILON * total / len(df) if df else 0.0)
         return self._floor
 
     def scores(self, query: str, keys: list[str]) -> list[float]:
         """BM25 of each stored text in `keys` for the query text."""
         if not self.tf:
             return [0.0 for _ in keys]
-        n, floor = self._idf()
+        n = len(self.tf)
+        floor = None  # needed only when a query word occurs in more than half the texts (a negative idf)
         avgdl = self.total_len / n
         q = self.words(query)
         out = []
@@ -111,7 +124,10 @@ class TermIndex:
                     continue
                 d = self.df[w]
                 idf = math.log(n - d + 0.5) - math.log(d + 0.5)
-                idf = floor if idf < 0 else idf
+                if idf < 0:
+                    if floor is None:
+                        floor = self._idf()[1]
+                    idf = floor
                 score += idf * f * (self.K1 + 1) / (f + self.K1 * (1 - self.B + self.B * dl / avgdl))
             out.append(score)
         return out

@@ -60,6 +60,22 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("instance-number", re.compile(r"(?<![\w.])\d(?:[\d,]*\d)?(?![\w])")),  # filtered below
 ]
 
+_NEEDS: list[str | None] = ["://", "@", ".", None, ".", "/", "-", "digit", "digit", "digit", "digit", "upper", "upper",
+                             "digit", "digit", "digit", "digit", "digit", "digit"]
+"""What each of `_PATTERNS` cannot match without (None: always scanned): a literal in its regex, a
+`\d`, or an ASCII capital its regex asks for outside any IGNORECASE. Most memory texts hold no digit,
+so two thirds of the patterns are skipped for them (de-identification runs them on every string a
+memory event carries). `tests/test_entity_gates.py` checks the gates against the patterns."""
+
+_DIGIT = re.compile(r"\d")
+_UPPER = re.compile(r"[A-Z]")
+
+
+def _present(text: str) -> dict[str, bool]:
+    return {"://": "://" in text, "@": "@" in text, ".": "." in text, "/": "/" in text, "-": "-" in text,
+            "digit": _DIGIT.search(text) is not None, "upper": _UPPER.search(text) is not None}
+
+
 _FIRST_NAMES = frozenset("""
 james john robert michael william david richard joseph thomas charles christopher daniel matthew anthony
 mark donald steven paul andrew joshua kenneth kevin brian george timothy ronald edward jason jeffrey ryan
@@ -94,15 +110,18 @@ def find_entities(text: str, instance_text: str = "", allowed_text: str = "",
     texts a skill may legitimately quote (the option texts it maps to): numbers and eponyms in
     it pass. `instance_numbers`: that set, when the caller already computed it.
     """
-    if instance_numbers is None:
-        instance_numbers = _numbers_in(instance_text) - _numbers_in(allowed_text)
+    if instance_numbers is None:  # (no instance text, no instance numbers: de-identification's every call)
+        instance_numbers = _numbers_in(instance_text) - _numbers_in(allowed_text) if instance_text else set()
     found: list[tuple[int, str, str]] = []
     taken: list[tuple[int, int]] = []
 
     def overlaps(a: int, b: int) -> bool:
         return any(a < e and s < b for s, e in taken)
 
-    for category, pattern in _PATTERNS:
+    present = _present(text)
+    for (category, pattern), needs in zip(_PATTERNS, _NEEDS):
+        if needs is not None and not present[needs]:
+            continue  # the pattern cannot match without it: the same spans, one scan fewer
         for m in pattern.finditer(text):
             span = m.group(0).rstrip(".,;:)")
             if not span or overlaps(m.start(), m.start() + len(span)):
@@ -114,7 +133,7 @@ def find_entities(text: str, instance_text: str = "", allowed_text: str = "",
             found.append((m.start(), category, span))
             taken.append((m.start(), m.start() + len(span)))
     allowed_low = allowed_text.lower()
-    for m in _CAPITALISED_PAIR.finditer(text):
+    for m in _CAPITALISED_PAIR.finditer(text) if present["upper"] else ():
         # Eponyms the options themselves use ("Charles Bonnet syndrome") are clinical terms, not people.
         if (m.group(1).lower() in _FIRST_NAMES and not overlaps(m.start(), m.end())
                 and m.group(0).lower() not in allowed_low):
