@@ -168,3 +168,22 @@ def test_a_reflection_that_cannot_be_obtained_leaves_the_graded_case_answered(ca
     assert out.summary["failed"] == 0 and out.summary["reflections_failed"] == 1
     assert out.summary["metrics"]["tc"] == 100.0
     assert completed[0]["correct"] == (out.summary["correct"] == 1)
+
+
+def test_a_case_whose_reflection_failed_is_still_an_episode_with_no_lesson(cases):
+    """Its findings and confirmed answer are known without the model: a later case of the same
+    presentation can meet it as a precedent. Runs recorded before `episode_without_reflection` lack
+    the field and re-execute without the episode."""
+    for flag, episodes in ((True, 1), (False, 0)):
+        policy = EvoMedAgentPolicy(episode_without_reflection=flag)
+        with FakeOpenAI() as server, EventStore(":memory:") as store:
+            server.script = [("reflect", "bad_reflection")] * 2
+            spec = RunSpec(policy=policy, backbone="openai", model=MODEL, seed=0, tools={})
+            out = run(store, cases[:1], spec, "r", live_options(server))
+            stored = [e.payload for e in store.iter("r", types=["episode.stored"])]
+            failed = [e for e in store.iter("r", types=["case.failed"])]
+        assert out.summary["reflections_failed"] == 1 and len(failed) == 1
+        assert len(stored) == episodes
+        if stored:
+            assert stored[0]["summary"] == "" and stored[0]["guideline"] == ""
+            assert stored[0]["gold"] == cases[0].answer and stored[0]["case_id"] == cases[0].case_id

@@ -107,6 +107,12 @@ class EvoMedAgentPolicy(PolicyBase):
     precedent_style: Literal[1, 2] = 2
     """2: a precedent says which option of this question its confirmed answer is, and shows the first
     240 characters of its guideline (handlers/policies/precedents.py); 1: runs recorded before."""
+    episode_without_reflection: bool = True
+    """A case whose reflection could not be obtained (the model's reply never fit the schema, or timed
+    out) is still stored as an episode, with no summary and no guideline: its findings and confirmed
+    answer are known without the model. Measured: the local model's reflection failed on 2 of 28
+    training cases, and both held-out cases of one of those diagnoses then met a precedent of another
+    diagnosis. false: runs recorded before this field (no episode after a failed reflection)."""
     strict_lessons: bool = True
     """The review gate keeps a guideline from a case the agent answered wrongly only when it concludes
     with the confirmed answer (measured: the 1.5 B model's lessons from its own errors restate its
@@ -125,7 +131,8 @@ class EvoMedAgentPolicy(PolicyBase):
         "cosine-only": {"episode_rerank": 0},
     }
     recorded_defaults: ClassVar[dict[str, Any]] = {"name_wrong_answers": True, "episode_rerank": 0,
-                                                   "precedent_style": 1, "strict_lessons": False}
+                                                   "precedent_style": 1, "strict_lessons": False,
+                                                   "episode_without_reflection": False}
 
 
 class NoMemoryPolicy(PolicyBase):

@@ -19,6 +19,7 @@ from grandrounds.handlers.cases import Case
 from grandrounds.handlers.llm.recorder import stage_recorder
 from grandrounds.handlers.policies.base import MemoryPolicy
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
+from grandrounds.handlers.text import key_terms
 from grandrounds.handlers.policies.precedents import (findings_of, precedent_line, rerank_episodes, review_text,
                                                       rule_matches, unconfirmed_lesson)
 from grandrounds.handlers.policies.render import BASE_PROTOCOL, render_prefix  # noqa: F401  (re-exported)
@@ -216,31 +217,35 @@ class EvoMedAgentMemory(MemoryPolicy):
                  if records_exchanges(ctx.backbone) else {})
         try:
             result = await ctx.backbone.reflect(case, memory, answer, fb, **extra)
-        except CaseFailure as exc:  # nothing is written to memory from a reflection that failed
+        except CaseFailure as exc:  # no lesson from a reflection that failed; the case itself is still known
             failed = CaseFailed(stage="reflect", reason=exc.reason, steps=exc.steps)
-            ctx.writer.emit(failed, case_id=case.case_id)
+            cause = ctx.writer.emit(failed, case_id=case.case_id)
+            if cfg.episodic and cfg.episode_without_reflection:
+                self._store_episode(ctx, case, answer, fb, "", "", key_terms(case.question), cause)
             return failed
         rejected, review = self._review(case, result, fb.correct)
         if review:
             result = result.model_copy(update={"review": review})
         cause = ctx.writer.emit(result, case_id=case.case_id)
-        state = evo_memory(ctx.projection)
         if cfg.episodic:
-            trace = [f"{s.kind}: {s.content}" for s in answer.steps]
-            options = getattr(case, "options", None) if case.kind == "mcq" else None
             guideline = "" if "guideline" in rejected else result.guideline
-            ctx.writer.emit(EpisodeStored(
-                episode_id=f"ep-{state.episodes_added:05d}", case_id=case.case_id, descriptor=case.question,
-                trace=trace, answer=answer.answer, gold=case.answer, correct=fb.correct,
-                summary=result.summary, guideline=guideline,
-                trigger=_trigger_of(result, case),
-                answer_text=options.get(answer.answer, "") if options else "",
-                gold_text=options.get(case.answer, "") if options else ""), case_id=case.case_id, causation_seq=cause)
+            self._store_episode(ctx, case, answer, fb, result.summary, guideline, _trigger_of(result, case), cause)
         if cfg.procedural:
             for i, edit in enumerate(result.edits):
                 if i not in rejected:
                     self._apply_edit(ctx, case, edit, cause)
         return result
+
+    def _store_episode(self, ctx, case: Case, answer: AnswerGiven, fb: FeedbackRecorded, summary: str,
+                       guideline: str, trigger: list[str], cause: int) -> None:
+        state = evo_memory(ctx.projection)
+        options = getattr(case, "options", None) if case.kind == "mcq" else None
+        ctx.writer.emit(EpisodeStored(
+            episode_id=f"ep-{state.episodes_added:05d}", case_id=case.case_id, descriptor=case.question,
+            trace=[f"{s.kind}: {s.content}" for s in answer.steps], answer=answer.answer, gold=case.answer,
+            correct=fb.correct, summary=summary, guideline=guideline, trigger=trigger,
+            answer_text=options.get(answer.answer, "") if options else "",
+            gold_text=options.get(case.answer, "") if options else ""), case_id=case.case_id, causation_seq=cause)
 
     def _review(self, case: Case, result: ReflectionRecorded, correct: bool = True) -> tuple[set, list[str]]:
         """The review gate (MCQ cases): edit indices and "guideline" kept out of memory, and why."""
