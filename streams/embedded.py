@@ -94,6 +94,7 @@ class EmbeddedRunner:
         if start > len(cases):
             raise ValueError(f"run {ctx.run_id!r} has {start} completed cases, more than the {len(cases)} given")
         done_now = 0
+        saved_at = start  # cases completed at the last checkpoint written (or at open)
         lagged = LagPipeline(ctx, cases) if ctx.lag and start < len(cases) else None
         try:
             for index in range(start, len(cases)):
@@ -125,13 +126,19 @@ class EmbeddedRunner:
                 done_now += 1
                 if on_case:
                     on_case(index, completed.correct)
-                if self.checkpoint_every and (index + 1) % self.checkpoint_every == 0:
+                if self.checkpoint_every and (index + 1) % self.checkpoint_every == 0 and index + 1 >= 2 * saved_at:
+                    # Every `checkpoint_every` cases at first, then each time the run has doubled: a
+                    # checkpoint encodes and writes the whole memory as one blob (RSS jumps by ~10x the
+                    # blob while it is written), so writing one every 250 cases made a long run's cost
+                    # quadratic and its peak memory grow with the count of writes. A resume catches up
+                    # at most half the run from the log (the projection is a pure fold: same state).
                     self.flush()  # a checkpoint reflects committed events only
                     save_checkpoint(ctx.writer.store, ctx.run_id, ctx.projection)
+                    saved_at = index + 1
         finally:
             if lagged is not None:
                 await lagged.close()
         self.flush()
-        if self.final_checkpoint:
+        if self.final_checkpoint and not (done_now and saved_at == start + done_now):  # not the one just written
             save_checkpoint(ctx.writer.store, ctx.run_id, ctx.projection)
         return done_now

@@ -80,3 +80,34 @@ def test_deidentifier_keeps_the_recent_cases_only():
     for i in range(1000):  # a policy that writes no memory never asks for a scrubber, which also trimmed
         d.observe(CaseReceived(index=i, case={"case_id": f"c{i}", "question": "q"}), f"c{i}")
     assert len(d._cases) <= 256 and "c999" in d._cases
+
+
+def test_checkpoints_thin_out_as_the_run_grows(tmp_path, monkeypatch):
+    import asyncio
+
+    import grandrounds.streams.embedded as embedded
+    from grandrounds.handlers.cases import Case
+    from grandrounds.handlers.policies.config import load_policy
+    from grandrounds.handlers.runs import RunSpec, open_run
+    from grandrounds.store.embeddings import EmbeddingCache
+    from grandrounds.store.eventstore import EventStore
+    from grandrounds.store.projection import open_projection, rebuild
+    from tests.llm_helpers import HashEmbedder
+
+    written: list[int] = []
+    real = embedded.save_checkpoint
+    monkeypatch.setattr(embedded, "save_checkpoint",
+                        lambda store, run_id, proj: (written.append(proj.state.cases_completed), real(store, run_id, proj)))
+    cases = [Case(case_id=f"c{i}", kind="mcq", question=f"Which organ {i % 5} case {i}?",
+                  options={"A": "yes", "B": "no"}, answer="A") for i in range(40)]
+    spec = RunSpec(policy=load_policy("evo-medagent"))
+    with EventStore(tmp_path / "r.duckdb") as store:
+        cache = EmbeddingCache(HashEmbedder(), store.conn, machine=None)
+        ctx, _ = open_run(store, "r", spec, cache)
+        asyncio.run(embedded.EmbeddedRunner(ctx, checkpoint_every=2).run(cases[:32]))
+        assert written == [2, 4, 8, 16, 32]  # every 2 cases it was 16 writes, the last one twice
+        ctx, _ = open_run(store, "r", spec, cache)  # resumed: doubling counts from where it starts
+        asyncio.run(embedded.EmbeddedRunner(ctx, checkpoint_every=2).run(cases))
+        assert written[5:] == [40]
+        opened = open_projection(store, "r", cache)
+        assert opened.how == "checkpoint" and opened.projection.state == rebuild(store, "r", cache).state
