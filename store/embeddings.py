@@ -103,6 +103,10 @@ def shared_minilm() -> MiniLMEmbedder:
 
 _MACHINE = object()  # "the machine cache the environment names"
 
+BULK_AFTER = 32
+"""Point lookups in the file after which the file's vectors are read ahead in one pass (`_read_ahead`):
+a command that needs a few vectors (an audit query) never pays for the bulk read."""
+
 MEMORY_LIMIT = 8192
 """Vectors an `EmbeddingCache` keeps in memory (~13 MB of MiniLM's): the texts of recent cases and of
 the memory retrieval keeps asking for; older ones are read back from the file when asked for."""
@@ -134,6 +138,7 @@ class EmbeddingCache:
         """The vectors used last, at most `memory_limit`; the rest are in the file (looked up by key). It
         was every vector of the file, loaded whole: ~1.7 KB a text, growing with every new case."""
         self._reader: duckdb.DuckDBPyConnection | None = None
+        self._point_lookups: int | None = 0  # None once `_read_ahead` has run
         self._pending: dict[str, np.ndarray] = {}
         self._pending_machine: dict[str, np.ndarray] = {}
         self.machine_hits = 0
@@ -156,9 +161,32 @@ class EmbeddingCache:
             return None
         if self._reader is None:
             self._reader = self._conn.cursor()
+        if self._point_lookups is not None:
+            self._point_lookups += 1
+            if self._point_lookups >= BULK_AFTER:
+                self._read_ahead()
+                vec = self._mem.get(k)
+                if vec is not None:
+                    return vec
         row = self._reader.execute("SELECT vector FROM embedding_cache WHERE key = ? AND model = ?",
                                    [k, self.embedder.name]).fetchone()
         return None if row is None else np.asarray(row[0], dtype=np.float32)
+
+    def _read_ahead(self) -> None:
+        """Fill the free part of the in-memory cache from the file in one read, once. A DuckDB point
+        lookup costs ~2.4 ms (measured), a bulk read ~0.03 ms a vector; a replay or a resumed run asks
+        the file for thousands of texts it already holds. Memory stays bounded by `memory_limit`, the
+        same vectors come back bit for bit (float32 as stored), and nothing depends on which ones."""
+        self._point_lookups = None
+        room = self.memory_limit - len(self._mem)
+        if room <= 0:
+            return
+        cols = self._reader.execute("SELECT key, vector FROM embedding_cache WHERE model = ? LIMIT ?",
+                                    [self.embedder.name, room]).fetchnumpy()
+        for key, vec in zip(cols["key"], cols["vector"]):
+            key = str(key)
+            if key not in self._mem:
+                self._mem[key] = np.ascontiguousarray(vec, dtype=np.float32)
 
     def _remember(self, k: str, vec: np.ndarray) -> None:
         self._mem[k] = vec
