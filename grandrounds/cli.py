@@ -134,9 +134,6 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
         record_db = db_file(record_db) if record_db else None
         memory_db = db_file(memory_db) if memory_db else None
         pol = with_ablations(load_policy(policy), list(ablations))
-        if lag and broker != "memory":
-            raise ValueError(f"--lag {lag}: the Kafka worker runs cases strictly in order; a lagged run "
-                             "(memory pinned k cases back) runs on the embedded runner only (omit --broker)")
         if env == "medagentbench":
             setup = prepare_medagentbench(cases_file, funcs, patients, fhir_base, tuple(task_types), limit,
                                           pol.name, tuple(sim_tools), broker, fhir_protocol or "official",

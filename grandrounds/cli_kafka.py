@@ -107,7 +107,8 @@ def run_on_kafka(cases, spec, *, broker: str, db: str, run_id: str | None, note:
     notes = [n for n in (note, backbone_note, f"processed over Kafka ({bootstrap}, partition "
                                                f"{submitted.partition})") if n]
     if spec.lag:
-        notes.append(f"lag {spec.lag} recorded; the Kafka worker processes cases strictly in order (lag 0)")
+        notes.append(f"lag {spec.lag}: case i acted on the memory as of case i-1-{spec.lag}, as `run --lag` "
+                     "(the Kafka worker pins it; it still runs one case of a run at a time)")
     if as_json:
         click.echo(json.dumps(dict(summary, db=db, broker=broker, notes=notes)))
     else:
@@ -197,7 +198,7 @@ def worker(broker, db, group, name, topic_prefix, partitions, replication_factor
 @click.option("--model", default=None, help="Model name for the openai backbone.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Only 0 over Kafka: the worker runs cases strictly in order (a lagged run: `grandrounds run --lag`).")
+              help="Case i acts on the memory as of case i-1-K (the worker pins it; same events as `run --lag K`).")
 @click.option("--sim-tool", "sim_tools", multiple=True, metavar="NAME=RELIABILITY",
               help="Offer a simulated tool of fixed reliability (repeatable; sim backbone).")
 @click.option("--topic-prefix", default="grandrounds.", show_default=True, help=_PREFIX_HELP)
@@ -213,9 +214,6 @@ def submit(cases_file, broker, run_id, policy, backbone, model, seed, lag, sim_t
 
     bootstrap = _bootstrap(broker, as_json)
     try:
-        if lag:
-            raise ValueError(f"--lag {lag}: the Kafka worker runs cases strictly in order; a lagged run (memory "
-                             "pinned k cases back) runs on the embedded runner only (grandrounds run --lag)")
         cases, source = open_cases(cases_file)
         pol = load_policy(policy)
         tools = dict(parse_tool_spec(s) for s in sim_tools)

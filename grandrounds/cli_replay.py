@@ -116,7 +116,7 @@ def _load_key(key_file, as_json):
 @click.option("--broker", default="memory", show_default=True, metavar="memory|kafka://HOST:PORT",
               help="kafka://…: submit each permutation as a run to the `grandrounds worker` processes on that "
                    "broker (any number, any machines), follow them and copy their events into --db; the "
-                   "fingerprints are those of a local replay. sim runs of MCQ cases, lag 0.")
+                   "fingerprints are those of a local replay. sim runs of MCQ cases.")
 @click.option("--topic-prefix", default=None, metavar="PREFIX",
               help="With --broker kafka://: the workers' topic prefix (default: $GRANDROUNDS_KAFKA_PREFIX or "
                    "grandrounds.).")

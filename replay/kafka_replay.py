@@ -11,8 +11,7 @@ the one a local replay gives.
 
 What the workers cannot run is refused up front (bad input): a model run served from its
 recorded exchanges (the record lives in the local file), a FHIR or OSCE run (the environment
-lives on this machine), a lagged run (the worker runs lag 0) and an offline-mode run that starts
-from a seeded memory.
+lives on this machine) and an offline-mode run that starts from a seeded memory.
 """
 
 from __future__ import annotations
@@ -39,9 +38,6 @@ def check_kafka_plan(plan: ReplayPlan) -> None:
     elif plan.environment is not None:
         why = (f"run {plan.source!r} holds {plan.environment.name} tool tasks: their environment is rebuilt on "
                "this machine from its recorded files; replay it locally")
-    elif plan.spec.lag:
-        why = (f"run {plan.source!r} was run with --lag {plan.spec.lag}: the Kafka worker runs cases strictly "
-               "in order (lag 0); replay it locally")
     elif any(r.job.seeded is not None for r in plan.runs):
         why = (f"run {plan.source!r} starts from the memory of another run (offline mode): the Kafka worker "
                "starts every run empty; replay it locally")

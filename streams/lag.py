@@ -84,6 +84,43 @@ def _wire_prefetch(backbone):
     return transport, ahead
 
 
+def pinned_versions(ctx: RunContext, indices) -> dict[int, MemoryProjection]:
+    """The memory each case index in `indices` reads under the run's lag k: as of the end of case
+    index-1-k, folded from the log in one pass (a copy of the live projection where that is the
+    version). Every one of those versions must be in the log already (or be the live one): the
+    embedded runner and the Kafka worker call this on (re)opening a run, before they go on."""
+    lag = ctx.lag
+    ends = version_seqs(ctx, {i - 1 - lag for i in indices})
+    wanted = {i: ends[i - 1 - lag] for i in indices}
+    live = ctx.projection.seq
+    folded = projections_at(ctx.writer.store, ctx.run_id, ctx.projection._cache,
+                            [s for s in wanted.values() if s != live], ctx.projection.exact_limit)
+    return {i: copy_projection(ctx.projection) if seq == live else folded[seq] for i, seq in wanted.items()}
+
+
+def version_seqs(ctx: RunContext, cases: set[int]) -> dict[int, int]:
+    """The seq each memory version "end of case j" ends at (j < 0: before the first case), read from
+    the log in one pass over its `case.completed` events."""
+    store, run_id = ctx.writer.store, ctx.run_id
+    out: dict[int, int] = {}
+    if any(j < 0 for j in cases):
+        received = store.iter(run_id, types=[ev.CaseReceived.event_type], batch=1)
+        first = next(received, None)
+        received.close()
+        before = first.seq - 1 if first is not None else ctx.projection.seq
+        out.update({j: before for j in cases if j < 0})
+    wanted = {j for j in cases if j >= 0}
+    if wanted:
+        for e in store.iter(run_id, types=[ev.CaseCompleted.event_type]):
+            index = e.decode().index
+            if index in wanted:
+                out[index] = e.seq
+    missing = sorted(wanted - set(out))
+    if missing:
+        raise ValueError(f"run {run_id!r}: case {missing[0]} is not completed in the log")
+    return out
+
+
 class LagPipeline:
     """Pins each case to its memory version and runs it ahead; the runner drives it in case order."""
 
@@ -102,39 +139,11 @@ class LagPipeline:
     def start(self, start: int, interrupted: bool) -> None:
         """Pin cases start .. start+lag (their versions are all in the log or live now) and send them
         ahead; `interrupted`: case `start` is half done (it is finished in order, not sent ahead)."""
-        ctx = self.ctx
         window = range(start, min(start + self.lag + 1, len(self.cases)))
-        ends = self._version_seqs({i - 1 - self.lag for i in window})
-        wanted = {i: ends[i - 1 - self.lag] for i in window}
-        live = ctx.projection.seq
-        folded = projections_at(ctx.writer.store, ctx.run_id, ctx.projection._cache,
-                                [s for s in wanted.values() if s != live], ctx.projection.exact_limit)
-        for i, seq in wanted.items():
-            self.pinned[i] = copy_projection(ctx.projection) if seq == live else folded[seq]
+        self.pinned.update(pinned_versions(self.ctx, window))
+        for i in window:
             if not (interrupted and i == start):
                 self._send_ahead(i)
-
-    def _version_seqs(self, cases: set[int]) -> dict[int, int]:
-        """The seq each memory version "end of case j" ends at (j < 0: before the first case), read from
-        the log in one pass over its `case.completed` events."""
-        store, run_id = self.ctx.writer.store, self.ctx.run_id
-        out: dict[int, int] = {}
-        if any(j < 0 for j in cases):
-            received = store.iter(run_id, types=[ev.CaseReceived.event_type], batch=1)
-            first = next(received, None)
-            received.close()
-            before = first.seq - 1 if first is not None else self.ctx.projection.seq
-            out.update({j: before for j in cases if j < 0})
-        wanted = {j for j in cases if j >= 0}
-        if wanted:
-            for e in store.iter(run_id, types=[ev.CaseCompleted.event_type]):
-                index = e.decode().index
-                if index in wanted:
-                    out[index] = e.seq
-        missing = sorted(wanted - set(out))
-        if missing:
-            raise ValueError(f"run {run_id!r}: case {missing[0]} is not completed in the log")
-        return out
 
     def case_done(self, index: int) -> None:
         """Case `index` has emitted all its events: its end is the version case index+1+lag reads."""

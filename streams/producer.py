@@ -75,10 +75,6 @@ async def submit_runs(bootstrap: str, runs: Sequence[tuple[str, RunSpec, Sequenc
     """Produce several runs through one connection (a replay's permutations): each run's `RunStart`
     then its cases, in order, keyed by its run id. The dead-letter positions are read once, before
     the first message, so a follower sees every letter about any of these runs."""
-    for run_id, spec, _ in runs:
-        if spec.lag:  # the worker runs a case's stages strictly in order: it would write other bytes than `run --lag`
-            raise ValueError(f"lag {spec.lag}: a lagged run (memory pinned k cases back) runs on the embedded "
-                             "runner only; the Kafka worker runs cases strictly in order (lag 0)")
     n = await ensure_topics(bootstrap, topics, partitions, replication_factor)
     dlq = await _end_offsets(bootstrap, topics.dead_letter)
     broker = KafkaBroker(bootstrap, acks="all", enable_idempotence=True, client_id="grandrounds-submit",

@@ -64,7 +64,7 @@ class WarmStore:
     cases_file: Path
     cases: list
     spec: object
-    """RunSpec of every Kafka test run (lag 0)."""
+    """RunSpec of the Kafka test runs (lag 0; `spec_with(lag=2)` for a lagged one)."""
     reference: dict
     """lag → the embedded runner's summary for (cases, spec with that lag)."""
     _shorter: dict = field(default_factory=dict)
@@ -124,7 +124,7 @@ def kafka_warm(tmp_path_factory) -> WarmStore:
     db = d / "warm.duckdb"
     reference = {}
     with EventStore(db) as store:
-        for lag in (0,):  # the worker runs lag 0 only (streams/lag.py is the embedded runner's)
+        for lag in (0, 2):  # lag 2: the worker pins memory as `run --lag 2` does (streams/lag.py)
             outcome = run_cases(store, cases, spec.model_copy(update={"lag": lag}), run_id=f"reference-lag{lag}")
             reference[lag] = outcome.summary
     warm = WarmStore(db, cases_file, cases, spec, reference)

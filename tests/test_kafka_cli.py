@@ -71,8 +71,11 @@ def test_cli_run_over_kafka_equals_embedded(kafka_broker, kafka_warm, tmp_path):
         assert stop_worker(worker) == 0, (tmp_path / "worker.log").read_text()[-3000:]
 
 
-async def test_sigkill_the_worker_at_random_points_then_resume(kafka_broker, kafka_warm, tmp_path):
-    """≥5 SIGKILLs mid-run; after restarts every case ran once and the fingerprint is the uninterrupted one."""
+@pytest.mark.parametrize("lag", [0, 2])
+async def test_sigkill_the_worker_at_random_points_then_resume(kafka_broker, kafka_warm, tmp_path, lag):
+    """≥5 SIGKILLs mid-run; after restarts every case ran once and the fingerprint is the uninterrupted one.
+    With lag 2, each restarted worker folds the pinned memory versions from its log: the fingerprint is
+    the embedded `run --lag 2`'s (not lag 0's)."""
     from grandrounds.streams.producer import submit_run
 
     boot, prefix = kafka_broker.bootstrap, unique_prefix()
@@ -82,7 +85,7 @@ async def test_sigkill_the_worker_at_random_points_then_resume(kafka_broker, kaf
     log = tmp_path / "worker.log"
     run_id = "crash-run"
     cases = kafka_warm.cases
-    sub = await submit_run(boot, run_id, kafka_warm.spec, cases, topics=topics)
+    sub = await submit_run(boot, run_id, kafka_warm.spec_with(lag=lag), cases, topics=topics)
     tail = AIOKafkaConsumer(bootstrap_servers=boot, group_id=None, enable_auto_commit=False,
                             auto_offset_reset="earliest")
     await tail.start()
@@ -142,7 +145,8 @@ async def test_sigkill_the_worker_at_random_points_then_resume(kafka_broker, kaf
         if worker is not None:
             assert stop_worker(worker) == 0, log.read_text()[-3000:]
 
-    ref = kafka_warm.reference[0]
+    ref = kafka_warm.reference[lag]
+    assert kafka_warm.reference[2]["fingerprint"] != kafka_warm.reference[0]["fingerprint"]
     with EventStore(db, read_only=True) as store:
         assert store.fingerprint(run_id) == ref["fingerprint"]
         assert store.verify_chain(run_id) is None

@@ -44,8 +44,9 @@ def _retrieve_partitions(log_text: str) -> list[int] | None:
     return [int(p) for p in found[-1].split(",") if p.strip()] if found else None
 
 
-def _wait_for_split(logs, timeout=90.0) -> None:
-    """Until the two workers own the 8 retrieve partitions half each (the co-partitioning assignor)."""
+def _wait_for_split(logs, timeout=300.0) -> None:
+    """Until the two workers own the 8 retrieve partitions half each (the co-partitioning assignor). Each
+    loads MiniLM first: on a busy 2-core machine that alone took over 90 s."""
     deadline = time.monotonic() + timeout
     while True:
         owned = [_retrieve_partitions(p.read_text(errors="replace")) if p.exists() else None for p in logs]
@@ -140,15 +141,35 @@ def test_replay_over_an_unreachable_broker_exits_1(kafka_warm, tmp_path):
 
 
 def test_replay_over_kafka_refuses_what_workers_cannot_run(kafka_warm, tmp_path):
-    """A lagged source (the worker runs lag 0) and a bad URL are bad input, before any connection."""
-    from grandrounds.app import run_cases
-    from grandrounds.store.eventstore import EventStore
-
-    db = _client(kafka_warm, tmp_path, "lagged")
-    with EventStore(db) as store:
-        run_cases(store, kafka_warm.cases[:4], kafka_warm.spec_with(lag=1), run_id="lagged")
-    res = grandrounds("replay", "--db", str(db), "--from", "lagged", "--broker", "kafka://127.0.0.1:1", "--json")
+    """An offline-mode source (its runs start from another run's memory; the worker starts runs empty)
+    and a bad URL are bad input, before any connection."""
+    db = _client(kafka_warm, tmp_path, "frozen")
+    made = grandrounds("run", str(kafka_warm.cases_file), "--db", str(db), "--run-id", "frozen",
+                       "--memory-from", SOURCE, "--sim-tool", "ddx-lookup=0.85", "--json")
+    assert made.returncode == 0, made.stderr[-3000:]
+    res = grandrounds("replay", "--db", str(db), "--from", "frozen", "--broker", "kafka://127.0.0.1:1", "--json")
     assert res.returncode == 2, (res.stdout[-2000:], res.stderr[-3000:])
-    assert "--lag 1" in json.loads(res.stdout)["error"]
+    assert "offline mode" in json.loads(res.stdout)["error"]
     url = grandrounds("replay", "--db", str(db), "--from", SOURCE, "--broker", "127.0.0.1:9092", "--json")
     assert url.returncode == 2 and "kafka://" in json.loads(url.stdout)["error"]
+
+
+@pytest.mark.kafka
+def test_replay_of_a_lagged_run_over_kafka_equals_local(kafka_broker, kafka_warm, tmp_path):
+    """A lag-2 source: its permutations are lag-2 runs; the worker pins memory as the embedded runner
+    does, so the fingerprints are the local replay's."""
+    boot, prefix = kafka_broker.bootstrap, unique_prefix()
+    args = ("replay", "--from", "reference-lag2", "--permutations", "2", "--json")
+    local = grandrounds(*args, "--db", str(_client(kafka_warm, tmp_path, "local")), timeout=300)
+    assert local.returncode == 0, local.stderr[-3000:]
+    log = tmp_path / "worker.log"
+    worker = spawn_worker(boot, kafka_warm.worker_db(tmp_path), prefix, log)
+    try:
+        res = grandrounds(*args, "--db", str(_client(kafka_warm, tmp_path, "client")), "--broker", f"kafka://{boot}",
+                          "--topic-prefix", prefix, "--kafka-timeout", "240", timeout=300)
+    finally:
+        assert stop_worker(worker) == 0, log.read_text()[-3000:]
+    assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-3000:])
+    want, got = json.loads(local.stdout), json.loads(res.stdout)
+    assert _comparable(got) == _comparable(want)
+    assert [r["run_id"] for r in got["runs"]] == ["reference-lag2-perm0-s0", "reference-lag2-perm1-s0"]

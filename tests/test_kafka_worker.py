@@ -258,7 +258,9 @@ async def test_parallel_runs_then_takeover_by_a_second_worker(kafka_broker, kafk
     topics = Topics(prefix)
     cases = kafka_warm.cases
     runs = run_ids_on_partitions([0, 1, 2, 3], stem="par")
-    lags: dict[str, int] = {}  # lag 0 only: a lagged run is the embedded runner's (submit_run refuses it)
+    # Runs on partitions 0 and 1 (one on each worker) with lag 2: a lagged run taken over mid-run pins
+    # the memory the embedded `run --lag 2` pins (the new owner folds it from the log).
+    lags = {runs[0]: 2, runs[1]: 2}
     client = EventStore(":memory:")
     a_ctx = running_worker(boot, kafka_warm.worker_db(tmp_path, "a"), prefix, name=None)
     b_ctx = running_worker(boot, kafka_warm.worker_db(tmp_path, "b"), prefix, name=None)

@@ -14,9 +14,10 @@ from grandrounds.handlers.stages import CaseProgress, next_stage
 from grandrounds.store.errors import Bug
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.events import NewEvent, StoredEvent
-from grandrounds.store.projection import checkpoint_of, save_checkpoint
+from grandrounds.store.projection import MemoryProjection, checkpoint_of, copy_projection, save_checkpoint
 from grandrounds.streams.kafka_worker.commit import Step
 from grandrounds.streams.kafka_worker.delivery import START_KEY, STAGE_INDEX, Delivery, DeliveryState
+from grandrounds.streams.lag import PINNED_STAGES, pinned_versions
 from grandrounds.streams.messages import CaseMessage, DeadLetter, RunStart, StageCommand
 
 # `KafkaWorker` in annotations is named, not imported: worker.py imports this module.
@@ -76,6 +77,9 @@ class RunActor:
         """Steps handed to the committer and not yet in the file (nor dropped)."""
         self.ahead: dict[tuple[int, int], Delivery] = {}
         """Own deliveries whose command's offset is not known yet, by step key."""
+        self.pinned: dict[int, MemoryProjection] = {}
+        """A run with lag k > 0: case index → the memory its retrieve and act stages read (as of the end
+        of case index-1-k; streams/lag.py). Taken when that case completes, else folded from the log."""
 
     # --- mailbox -------------------------------------------------------------------------
 
@@ -117,6 +121,7 @@ class RunActor:
         """The run as the log has it: projection, and the case in flight with its progress."""
         w = self.worker
         self.ctx, self.case, self.index, self.progress = None, None, None, CaseProgress()
+        self.pinned = {}
         if w.store.has_run(self.run_id):
             spec = read_spec(w.store, self.run_id)
             self.ctx, _how = open_run(w.store, self.run_id, spec, w.cache, **w.backbone_opts)
@@ -234,7 +239,21 @@ class RunActor:
             self.case, self.index, self.progress = d.body.case, d.body.index, CaseProgress()
         ctx, generation = self.ctx, self.generation
         try:
-            stage = await run_one_stage(ctx, self.case, self.index, self.progress)
+            pinned = None
+            if ctx.lag and next_stage(self.progress) in PINNED_STAGES:
+                pinned = await self._pinned(self.index)
+                if generation != self.generation:
+                    raise _Reloaded()
+            if pinned is None:
+                stage = await run_one_stage(ctx, self.case, self.index, self.progress)
+            else:  # lag k: the case acts on the memory as of case index-1-k; its events go to the live log
+                live, ctx.projection = ctx.projection, pinned
+                try:
+                    stage = await run_one_stage(ctx, self.case, self.index, self.progress)
+                finally:
+                    ctx.projection = live
+                if stage == PINNED_STAGES[-1]:
+                    self.pinned.pop(self.index, None)
             if generation != self.generation:
                 raise _Reloaded()
             if stage != d.stage:
@@ -277,6 +296,8 @@ class RunActor:
         if w.keep_step_log:
             w.stats.step_log.append((self.run_id, self.index, stage))
         if stage == "govern":
+            if ctx.lag:  # the end of this case is the memory case index+1+lag acts on
+                self.pinned[self.index + 1 + ctx.lag] = copy_projection(ctx.projection)
             done = ctx.projection.state.cases_completed
             complete = ctx.projection.state.run_completed  # this step appended run.completed
             self.case, self.index, self.progress = None, None, CaseProgress()
@@ -298,6 +319,19 @@ class RunActor:
                 # changelog, so this one waits for its commit (as every step did before pipelining).
                 await asyncio.shield(step.committed)
                 await self._confirm(sent, nxt)
+
+    async def _pinned(self, index: int) -> MemoryProjection | None:
+        """The memory case `index` acts on under the run's lag. Taken when case index-1-lag completed on
+        this worker; else (a run just (re)loaded, or taken over) folded from the log, once the file holds
+        every step this worker processed (the version may be among them)."""
+        if index not in self.pinned:
+            ctx, generation = self.ctx, self.generation
+            if self.uncommitted:
+                await self.worker.committer.settle([self])
+            if generation != self.generation:
+                return None  # reloaded meanwhile: the caller takes the step up again
+            self.pinned.update(pinned_versions(ctx, [index]))
+        return self.pinned[index]
 
     def _deliver_ahead(self, stage: str, topic: str, cmd: StageCommand, sent: asyncio.Future) -> None:
         """Take up the next command now, before the broker acknowledges it; its offset comes later.
@@ -356,6 +390,7 @@ class RunActor:
     def _reset(self) -> None:
         self.generation += 1
         self.loaded = False
+        self.pinned = {}
         self.ctx = None
         self.head = None
         self.case, self.index, self.progress = None, None, CaseProgress()
