@@ -62,7 +62,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 
 _NEEDS: list[str | None] = ["://", "@", ".", None, ".", "/", "-", "digit", "digit", "digit", "digit", "upper", "upper",
                              "digit", "digit", "digit", "digit", "digit", "digit"]
-"""What each of `_PATTERNS` cannot match without (None: always scanned): a literal in its regex, a
+r"""What each of `_PATTERNS` cannot match without (None: always scanned): a literal in its regex, a
 `\d`, or an ASCII capital its regex asks for outside any IGNORECASE. Most memory texts hold no digit,
 so two thirds of the patterns are skipped for them (de-identification runs them on every string a
 memory event carries). `tests/test_entity_gates.py` checks the gates against the patterns."""
