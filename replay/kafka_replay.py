@@ -21,6 +21,7 @@ import time
 from typing import Callable
 
 from grandrounds.handlers.cases import Case
+from grandrounds.handlers.runs import RunMismatch, read_spec, spec_difference
 from grandrounds.replay.execute import JobResult, completed_cases
 from grandrounds.replay.order_replay import PlannedRun, ReplayInputError, ReplayPlan, replay_result
 from grandrounds.store.eventstore import EventStore
@@ -89,6 +90,19 @@ def execute_plans_on_kafka(store: EventStore, plans: list[ReplayPlan], bootstrap
         before = {rid: completed_cases(store, rid) for rid in todo}
 
         def done(run_id: str) -> None:
+            # The run the workers hold under this id must be the one planned: a run of that id made with
+            # another configuration (submitted by hand, say) can finish before the worker's dead letter
+            # about this replay's RunStart arrives. The code versions are the worker's build.
+            spec = todo[run_id].job.spec
+            recorded = read_spec(store, run_id)
+            if recorded is None or recorded.model_copy(update={"code": spec.code}) != spec:
+                differs = "no run.started"
+                if recorded is not None:
+                    first = store.read(run_id, upto_seq=0)[0].decode()
+                    asked = spec.model_copy(update={"code": recorded.code}).started_event(first.embedder, first.cases)
+                    differs = spec_difference(first, asked)
+                raise RunMismatch(f"run {run_id!r} rejected: the workers hold it with a different configuration: "
+                                  f"{differs}; pass --tag NAME to name this replay's runs differently")
             results[run_id] = JobResult(run_id, len(todo[run_id].job.cases) - before[run_id],
                                         time.perf_counter() - t0, worker=True)
             if on_run:

@@ -103,8 +103,9 @@ def test_replay_over_kafka_with_two_workers_equals_local_replay(kafka_broker, ka
             assert re.search(rf"{re.escape(r['run_id'])}\s.*{r['fingerprint'][:16]}….*already in db", again.stdout)
         assert "Kafka workers at " + url in again.stdout
 
-        # A dead letter ends the replay with the worker's reason: perm4's id is taken on the worker by a
-        # run of another configuration (seed 3), so the worker refuses to open it: bad input, exit 2.
+        # perm4's id is taken on the worker by a run of another configuration (seed 3): the worker refuses
+        # to open it (a dead letter), or that other run finishes first and its run.started, once copied,
+        # does not match the plan; either way bad input, exit 2, naming the run and the field.
         taken = f"{SOURCE}-perm4-s0"
         sub = grandrounds("submit", str(kafka_warm.cases_file), "--broker", url, "--topic-prefix", prefix,
                           "--run-id", taken, "--seed", "3", "--sim-tool", "ddx-lookup=0.85", "--json")
