@@ -15,7 +15,7 @@ from pydantic import Field
 
 from grandrounds.handlers.policies.base import MemoryPolicy
 from grandrounds.handlers.policies.config import PolicyBase
-from grandrounds.handlers.policies.precedents import findings_of, precedent_line, rerank_episodes
+from grandrounds.handlers.policies.precedents import findings_of, precedent_line
 from grandrounds.handlers.policies.render import render_prefix
 from grandrounds.handlers.text import key_terms
 from grandrounds.handlers.policies.evo_medagent.events import EpisodeStored
@@ -61,17 +61,9 @@ class PrecedentMemory(MemoryPolicy):
         if cfg.k and len(mem.episode_index):
             own = proj.own_cases(case.case_id)  # the case and its content twins
             query = ctx.retrieval_text(case.question, case.case_id)
-            pool = max(cfg.k, cfg.rerank)
-            found = []
-            for label, rel in mem.episode_index.search(proj.embed(query), pool + len(own)):
-                ep = mem.episodes[mem.episode_by_label[label]]
-                if ep.case_id not in own and rel >= cfg.floor:  # leakage guard, relevance floor
-                    found.append((ep, rel))
-            found = found[:pool]
-            if cfg.rerank:
-                found = rerank_episodes(found, mem.term_index(), query)
+            found = mem.nearest_episodes(proj.embed(query), own, cfg.floor, cfg.k, cfg.rerank, query)
             options = getattr(case, "options", None)
-            for ep, rel in found[:cfg.k]:
+            for ep, rel in found:
                 episodes.append(RetrievedEpisode(episode_id=ep.episode_id, source_case_id=ep.case_id, summary="",
                                                  guideline="", trigger=ep.trigger, relevance=round(float(rel), 6)))
                 lines.append(precedent_line(findings_of(ep.descriptor), ep.gold_text or f"option {ep.gold}",

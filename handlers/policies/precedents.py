@@ -30,10 +30,7 @@ _LETTER_REF = re.compile(r"(?:\(([A-Z])\)|(?<![A-Za-z0-9'])([A-Z])\)|(?i:\b(?:op
 
 def findings_of(question: str, limit: int = FINDINGS_CHARS) -> str:
     """The presentation without the question sentence, cut at a word boundary."""
-    text = " ".join(_QUESTION_TAIL.sub("", question).split())
-    if len(text) <= limit:
-        return text
-    return text[:limit].rsplit(" ", 1)[0] + " …"
+    return _cut(_QUESTION_TAIL.sub("", question), limit)
 
 
 GUIDELINE_CHARS = 240
@@ -57,13 +54,6 @@ def option_note(gold_text: str, options: dict[str, str] | None) -> str:
 def _cut(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
-
-
-def rerank_episodes(candidates: list, index, query: str) -> list:
-    """(episode, cosine) candidates in cosine order, re-ordered by BM25 over the shared findings
-    (`TermIndex`, handlers/text.py); ties keep the cosine order."""
-    scores = index.scores(query, [ep.episode_id for ep, _ in candidates])
-    return [candidates[i] for i in sorted(range(len(candidates)), key=lambda i: (-scores[i], i))]
 
 
 def precedent_line(findings: str, gold_text: str, answer_text: str, correct: bool, guideline: str,

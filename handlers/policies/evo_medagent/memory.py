@@ -231,6 +231,25 @@ class EvoMemory(EvoFold):
                 index.add(ep.episode_id, ep.descriptor)
         return index
 
+    def nearest_episodes(self, query, own: frozenset[str] | set[str], floor: float, k: int,
+                         rerank: int = 0, rerank_text: str | None = None) -> list[tuple[Episode, float]]:
+        """The k nearest episodes by cosine at or above `floor`, skipping those derived from `own` (the
+        leakage guard): (episode, cosine) tuples. With `rerank` > 0 (and `rerank_text`), the nearest
+        `rerank` are re-ordered by BM25 over that text's findings first (ties keep the cosine order).
+        Shared by evo-medagent's episodes and the precedent baseline."""
+        rerank = rerank if rerank_text is not None else 0
+        pool = max(k, rerank)
+        out = []
+        for label, relevance in self.episode_index.search(query, pool + len(own)):
+            ep = self.episodes[self.episode_by_label[label]]
+            if ep.case_id not in own and relevance >= floor:
+                out.append((ep, relevance))
+        out = out[:pool]
+        if rerank:
+            scores = self.term_index().scores(rerank_text, [ep.episode_id for ep, _ in out])
+            out = [out[i] for i in sorted(range(len(out)), key=lambda i: (-scores[i], i))]
+        return out[:k]
+
     def _index_rule(self, rule_id: str, text: str, embed: Embed) -> None:
         label = self.rule_index.add(embed(text))
         self.rule_labels[rule_id] = label

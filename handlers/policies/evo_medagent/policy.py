@@ -20,8 +20,8 @@ from grandrounds.handlers.llm.recorder import stage_recorder
 from grandrounds.handlers.policies.base import MemoryPolicy
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
 from grandrounds.handlers.text import key_terms
-from grandrounds.handlers.policies.precedents import (findings_of, precedent_line, rerank_episodes, review_text,
-                                                      rule_matches, unconfirmed_lesson)
+from grandrounds.handlers.policies.precedents import (findings_of, precedent_line, review_text, rule_matches,
+                                                      unconfirmed_lesson)
 from grandrounds.handlers.policies.render import BASE_PROTOCOL, render_prefix  # noqa: F401  (re-exported)
 from grandrounds.handlers.policies.evo_medagent.events import (EpisodeStored, RuleAdded, RuleEdited, RulePriorityChanged,
                                                             RuleRetired, ToolLabelChanged)
@@ -138,19 +138,8 @@ def select_episodes(proj: MemoryProjection, cfg: EvoMedAgentPolicy, own: str | I
     """Top episodes by cosine at or above the floor, excluding the case's own (and its content twins'):
     (episode, relevance) tuples. `rerank_text` (MCQ cases, `episode_rerank` > 0): the nearest
     `episode_rerank` are re-ranked by BM25 over that text's findings before K_E are taken."""
-    own = own_set(own)
-    out = []
-    mem = evo_memory(proj)
-    rerank = cfg.episode_rerank if rerank_text is not None else 0
-    pool = max(cfg.top_k_episodes, rerank)
-    for label, relevance in mem.episode_index.search(query, pool + len(own)):
-        ep = mem.episodes[mem.episode_by_label[label]]
-        if ep.case_id not in own and relevance >= floor:  # leakage guard, relevance floor
-            out.append((ep, relevance))
-    out = out[:pool]
-    if rerank:
-        out = rerank_episodes(out, mem.term_index(), rerank_text)
-    return out[: cfg.top_k_episodes]
+    return evo_memory(proj).nearest_episodes(query, own_set(own), floor, cfg.top_k_episodes,
+                                             cfg.episode_rerank, rerank_text)
 
 
 def evo_retrieve(proj: MemoryProjection, cfg: EvoMedAgentPolicy, case: Case, memory_seq: int,
