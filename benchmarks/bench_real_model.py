@@ -60,6 +60,36 @@ def head(path: Path, n: int | None, tmp: Path) -> Path:
     return out
 
 
+SHARED_CHEST = ROOT.parent / "shared" / "data" / "chestagentbench_evomedagent" / "real_cases.json"
+
+
+def chest_slice(source: Path, n_cases: int, tmp: Path) -> Path:
+    """The second stream: every question of the first `n_cases` ChestAgentBench cases, in the file's
+    order (`grandrounds convert --format chestagentbench`: text only, `case_descriptor` never read).
+    A case's questions ask about the same patient and images, so what an earlier question's confirmed
+    answer says about the findings is what memory can carry to the next one. Read from ../shared at
+    run time, never copied into the repo."""
+    if not source.exists():
+        raise SystemExit(f"--chest: {source} not found (the shared benchmark data)")
+    converted = tmp / "cab-all.jsonl"
+    r = subprocess.run([sys.executable, "-m", "grandrounds", "convert", str(source), "--format", "chestagentbench",
+                        "-o", str(converted)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"--chest: convert failed: {r.stderr[-400:]}")
+    groups: list[str] = []
+    keep: list[str] = []
+    for line in converted.read_text().splitlines(keepends=True):
+        group = json.loads(line)["case_id"].rsplit("-q", 1)[0]
+        if group not in groups:
+            if len(groups) == n_cases:
+                break
+            groups.append(group)
+        keep.append(line)
+    out = tmp / f"chestagentbench-{n_cases}-cases.jsonl"
+    out.write_text("".join(keep))
+    return out
+
+
 def cli(*args: str) -> dict:
     r = subprocess.run([sys.executable, "-m", "grandrounds", *args, "--json"], capture_output=True, text=True)
     lines = r.stdout.strip().splitlines()
@@ -73,10 +103,10 @@ def cli(*args: str) -> dict:
     return out
 
 
-def row(policy: str, mode: str, out: dict, verify: dict, wall_s: float) -> dict:
+def row(policy: str, mode: str, out: dict, verify: dict, wall_s: float, stream: str = "recurring") -> dict:
     n, k = int(out.get("cases", 0)), int(out.get("correct", 0))
     llm, metrics = out.get("llm", {}), out.get("metrics", {})
-    return {"policy": policy, "mode": mode, "run_id": out.get("run_id"), "cases": n, "correct": k,
+    return {"stream": stream, "policy": policy, "mode": mode, "run_id": out.get("run_id"), "cases": n, "correct": k,
             "accuracy": round(k / n, 3) if n else None, "ci95": wilson(k, n),
             "fallback_answers": metrics.get("fallback_answers"), "unanswered": metrics.get("unanswered"),
             "answer_sources": metrics.get("answer_sources"), "failed": out.get("failed"),
@@ -86,31 +116,33 @@ def row(policy: str, mode: str, out: dict, verify: dict, wall_s: float) -> dict:
             "wall_s": round(wall_s, 1), "verified": verify.get("identical"), "error": out.get("_error")}
 
 
-def run_policy(policy: str, mode: str, train: Path, test: Path, common: list[str], db: str) -> list[dict]:
+def run_policy(policy: str, mode: str, train: Path, test: Path, common: list[str], db: str,
+               stream: str = "recurring") -> list[dict]:
     rows = []
     args = ["run", "--db", db, "--policy", policy, *common]
     if mode == "frozen":
         t0 = time.perf_counter()
         trained = cli(*args[:1], str(train), *args[1:], "--run-id", f"{policy}-train")
-        rows.append(row(policy, "train", trained, cli("verify", "--db", db, f"{policy}-train"), time.perf_counter() - t0))
+        rows.append(row(policy, "train", trained, cli("verify", "--db", db, f"{policy}-train"), time.perf_counter() - t0,
+                        stream))
         extra = ["--memory-from", f"{policy}-train", "--run-id", f"{policy}-frozen"]
     else:
         extra = ["--run-id", f"{policy}-online"]
     t0 = time.perf_counter()
     out = cli(*args[:1], str(test), *args[1:], *extra)
     rid = out.get("run_id") or extra[-1]
-    rows.append(row(policy, mode, out, cli("verify", "--db", db, rid), time.perf_counter() - t0))
+    rows.append(row(policy, mode, out, cli("verify", "--db", db, rid), time.perf_counter() - t0, stream))
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    head_ = ("| policy | mode | accuracy (95% CI) | fallback | no answer | calls | tokens | s/case | run id | verified |\n"
-             "|---|---|---|---|---|---|---|---|---|---|")
+    head_ = ("| stream | policy | mode | accuracy (95% CI) | fallback | no answer | calls | tokens | s/case | run id "
+             "| verified |\n|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head_]
     for r in rows:
         acc = f"{r['correct']}/{r['cases']} = {r['accuracy']} ({r['ci95'][0]}–{r['ci95'][1]})" if r["cases"] else \
             f"error: {(r['error'] or '')[-80:]!r}"
-        lines.append(f"| {r['policy']} | {r['mode']} | {acc} | {r['fallback_answers']} | {r['unanswered']} | "
+        lines.append(f"| {r.get('stream', 'recurring')} | {r['policy']} | {r['mode']} | {acc} | {r['fallback_answers']} | {r['unanswered']} | "
                      f"{r['calls']} | {r['tokens']} | {r['s_per_case']} | {r['run_id']} | {r['verified']} |")
     return "\n".join(lines)
 
@@ -193,6 +225,9 @@ def main() -> int:
     ap.add_argument("--max-steps", default=None)
     ap.add_argument("--json", dest="json_out", type=Path, default=None)
     ap.add_argument("--collect-replies", type=Path, default=None)
+    ap.add_argument("--chest", type=int, default=None, metavar="N",
+                    help="the second stream: all questions of the first N ChestAgentBench cases (online only)")
+    ap.add_argument("--chest-source", type=Path, default=SHARED_CHEST)
     a = ap.parse_args()
     if a.render:
         return render_readme(a.render, a.check)
@@ -201,6 +236,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         train, test = head(a.train, a.limit_train, tmp), head(a.test, a.limit_test, tmp)
+        stream = "recurring"
+        if a.chest:  # no training split: each case's later questions are the recurrence
+            test = head(chest_slice(a.chest_source, a.chest, tmp), a.limit_test, tmp)
+            stream = f"chestagentbench ({a.chest} cases, {len(test.read_text().splitlines())} questions)"
+            a.modes = "online"
         if a.collect_replies:
             collect_replies(a.base_url, a.model, test, a.collect_replies)
             return 0
@@ -212,7 +252,7 @@ def main() -> int:
         for policy in a.policies.split(","):
             # `none` has no memory to freeze: its one (online) run is the baseline for both modes
             for mode in (["online"] if policy == "none" else a.modes.split(",")):
-                rows += run_policy(policy, mode, train, test, common, db)
+                rows += run_policy(policy, mode, train, test, common, db, stream)
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
                 if a.json_out:  # after every run, atomically: a long benchmark killed midway keeps its rows
                     write_json(a.json_out, rows)

@@ -43,3 +43,16 @@ def test_an_edited_number_is_caught(tmp_path):
     assert bench.render_readme(edited, check=True, readme=readme) == 1
     assert bench.render_readme(edited, check=False, readme=readme) == 0
     assert bench.render_readme(edited, check=True, readme=readme) == 0
+
+
+def test_chest_slice_keeps_every_question_of_the_first_cases(tmp_path):
+    bench = _bench()
+    if not bench.SHARED_CHEST.exists():
+        pytest.skip(f"shared benchmark data absent: {bench.SHARED_CHEST}")
+    out = bench.chest_slice(bench.SHARED_CHEST, 2, tmp_path)
+    ids = [json.loads(line)["case_id"] for line in out.read_text().splitlines()]
+    groups = [i.rsplit("-q", 1)[0] for i in ids]
+    assert sorted(set(groups)) == sorted({"cab-11583", "cab-13388"})
+    assert ids == ["cab-11583-q1", "cab-11583-q2", "cab-11583-q3", "cab-11583-q4", "cab-11583-q5",
+                   "cab-13388-q1", "cab-13388-q2", "cab-13388-q3"]
+    assert all("case_descriptor" not in line for line in out.read_text().splitlines())
