@@ -44,7 +44,11 @@ def fetch(cache_dir, as_json):
               help="Port on 127.0.0.1 (0: any free port).")
 @click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--ctx", default=8192, show_default=True, type=click.IntRange(min=512), help="Context tokens.")
-def serve(cache_dir, port, threads, ctx):
+@click.option("--cache-prompt", is_flag=True,
+              help="Reuse the cached prefix a request shares with the last one (a task's next round): much "
+                   "faster on long prompts, but a rerun against the server may get other replies; verify and "
+                   "replay use the recorded exchanges either way.")
+def serve(cache_dir, port, threads, ctx, cache_prompt):
     """Serve the fetched model on 127.0.0.1 (OpenAI-compatible) until Ctrl-C or SIGTERM."""
     from grandrounds.local_model import (MODEL_ALIAS, LocalModelError, LocalModelServer, model_path,
                                          unavailable_reason)
@@ -52,7 +56,8 @@ def serve(cache_dir, port, threads, ctx):
     reason = unavailable_reason(cache_dir)
     if reason:
         fail(reason, 1, False)
-    server = LocalModelServer(Path(model_path(cache_dir)), port=port, threads=threads, n_ctx=ctx)
+    server = LocalModelServer(Path(model_path(cache_dir)), port=port, threads=threads, n_ctx=ctx,
+                              cache_prompt=cache_prompt)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -3,7 +3,7 @@
 Loads the GGUF into `xllamacpp.Server` (llama.cpp's server, OpenAI-compatible `/v1/chat/completions`
 and `/health`) on 127.0.0.1, prints `listening URL` on stdout once loaded, and serves until SIGTERM or
 SIGINT. Settings are the ones that make temperature-0 replies byte-identical (../shared/LOCAL_MODEL.md):
-prompt caching off, one slot. Kept apart from local_model.py so importing the fetcher never loads
+prompt caching off (unless --cache-prompt), one slot. Kept apart from local_model.py so importing the fetcher never loads
 llama.cpp, and so the parent can stop the server with a signal like any server.
 """
 
@@ -15,7 +15,7 @@ import sys
 import threading
 
 
-def build_params(model: str, port: int, threads: int, n_ctx: int, alias: str):
+def build_params(model: str, port: int, threads: int, n_ctx: int, alias: str, cache_prompt: bool = False):
     import xllamacpp
 
     p = xllamacpp.CommonParams()
@@ -27,7 +27,12 @@ def build_params(model: str, port: int, threads: int, n_ctx: int, alias: str):
     p.n_parallel = 1
     p.cpuparams.n_threads = threads
     p.cpuparams_batch.n_threads = threads
-    p.cache_prompt = False  # with the cache on, the same request can get another reply after a warm-up
+    # Off by default: with the cache on, the same request can get another reply after a warm-up, so a
+    # rerun against the server is not byte-identical. On (--cache-prompt), a request that shares a
+    # prefix with the slot's last one (the next round of a MedAgentBench task, the same system
+    # prompt) skips that prefix's prompt processing; recorded exchanges still make verify and
+    # replay exact, they never ask the server.
+    p.cache_prompt = cache_prompt
     p.cache_ram_mib = 0
     p.use_jinja = True  # the GGUF's own chat template
     p.ui = False
@@ -44,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=THREADS)
     ap.add_argument("--ctx", type=int, default=N_CTX)
     ap.add_argument("--alias", default=MODEL_ALIAS)
+    ap.add_argument("--cache-prompt", action="store_true")
     args = ap.parse_args(argv)
 
     stop = threading.Event()
@@ -52,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import xllamacpp
 
-    server = xllamacpp.Server(build_params(args.model, args.port, args.threads, args.ctx, args.alias))
+    server = xllamacpp.Server(build_params(args.model, args.port, args.threads, args.ctx, args.alias,
+                                            args.cache_prompt))
     addr = server.listening_address
     url = addr if addr.startswith("http") else f"http://{addr}"
     print(f"listening {url.rstrip('/')}", flush=True)

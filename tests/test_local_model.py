@@ -209,3 +209,31 @@ def test_official_medagentbench_task_replays_with_server_stopped(local_model, tm
     assert code == 0, rec
     assert rec["llm"]["fingerprint"] == live["llm"]["fingerprint"]
     assert rec["results"] == live["results"]
+
+
+def test_prompt_cache_is_off_unless_asked(monkeypatch):
+    """Byte-identical reruns need the cache off (the default); --cache-prompt turns it on, end to end."""
+    pytest.importorskip("xllamacpp")
+    from grandrounds.local_model_server import build_params
+
+    assert build_params("m.gguf", 0, 1, 512, "a").cache_prompt is False
+    assert build_params("m.gguf", 0, 1, 512, "a", cache_prompt=True).cache_prompt is True
+    started = []
+
+    class Proc:
+        returncode = 1
+        stdout = None
+
+        def poll(self):
+            return 1
+
+    def popen(cmd, **kw):
+        started.append(cmd)
+        return Proc()
+
+    monkeypatch.setattr(lm.subprocess, "Popen", popen)
+    monkeypatch.setattr(lm, "_readline", lambda proc, timeout: "")
+    for flag in (False, True):
+        with pytest.raises(lm.LocalModelError):
+            lm.LocalModelServer(lm.Path("m.gguf"), cache_prompt=flag).start(timeout=1)
+    assert "--cache-prompt" not in started[0] and started[1][-1] == "--cache-prompt"
