@@ -26,7 +26,8 @@ import re
 from collections import Counter
 from typing import Any, Callable, Iterable
 
-from grandrounds.handlers.policies.selsm.entity_check import FHIR_RESOURCE_TYPES, find_entities
+from grandrounds.handlers.policies.selsm.entity_check import (FHIR_RESOURCE_TYPES, allow_eponyms, entity_candidates,
+                                                              find_entities)
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.events import EventPayload
 
@@ -123,26 +124,33 @@ def stated_terms(text: str) -> list[tuple[str, str]]:
     return out
 
 
-_SPANS: dict[tuple[str, str], tuple] = {}
+_SPANS: dict[str, tuple] = {}
 _SPANS_KEPT = 4096
+_IDENTIFYING = frozenset({"name", "url", "email", "phone", "date", "identifier"})
 
 
-def _identifying_spans(s: str, allowed_text: str) -> tuple:
-    """The identifying entities in `s` (`find_entities`, less instance numbers and placeholders already
-    written), memoised: they are a pure function of the two texts, and a run scrubs the same strings over
-    and over (a rule's text in every retrieval that shows it, trigger words, the case question in each of
-    its memory events), each a pass of some twenty patterns. Bounded: the oldest entry goes first."""
-    key = (s, allowed_text)
-    spans = _SPANS.get(key)
-    if spans is not None:
-        return spans
-    spans = tuple(v for v in find_entities(s, allowed_text=allowed_text)
-                  if v.category in ("name", "url", "email", "phone", "date", "identifier")
-                  and not _PLACEHOLDER_RE.fullmatch(v.match))
-    if len(_SPANS) >= _SPANS_KEPT:
-        del _SPANS[next(iter(_SPANS))]
-    _SPANS[key] = spans
-    return spans
+def _identifying_spans(s: str, allowed_low: str) -> list[tuple[str, str]]:
+    """(category, span) of the identifying entities in `s` (`find_entities`, less instance numbers and
+    placeholders already written; the first-name pairs the case's options quote pass), in its order.
+    The scan is memoised per string alone (`entity_candidates`), not per (string, case): it is a pure
+    function of the text, and a run scrubs the same strings over and over (a rule's text in every
+    retrieval that shows it, trigger words, the case question in each of its memory events), each a
+    pass of some twenty patterns, while the options only decide which first-name pairs pass. Keyed
+    by case too, most lookups missed (every case has its own options). Bounded: the oldest goes first."""
+    candidates = _SPANS.get(s)
+    if candidates is None:
+        candidates = tuple((c, span, pair) for c, span, pair in entity_candidates(s)
+                           if c in _IDENTIFYING and not _PLACEHOLDER_RE.fullmatch(span))
+        if len(_SPANS) >= _SPANS_KEPT:
+            del _SPANS[next(iter(_SPANS))]
+        _SPANS[s] = candidates
+    if not candidates:
+        return []
+    out: list[tuple[str, str]] = []
+    for found in allow_eponyms(candidates, allowed_low):
+        if found not in out:  # each span once, as find_entities reports it
+            out.append(found)
+    return out
 
 
 class SubjectScrubber:
@@ -160,6 +168,7 @@ class SubjectScrubber:
                     if self.terms else None)
         self._kind = {t.lower(): k for t, k in self.terms}
         self.allowed_text = allowed_text
+        self._allowed_low = allowed_text.lower()
         self.found: Counter[str] = Counter()
 
     def text(self, s: str) -> str:
@@ -167,12 +176,12 @@ class SubjectScrubber:
             return s
         if self._re is not None:
             s = self._re.sub(self._replace_term, s)
-        for v in _identifying_spans(s, self.allowed_text):
-            kind = "mrn" if v.category == "identifier" and _MRN_LIKE.match(v.match) else v.category
-            n = s.count(v.match)
+        for category, match in _identifying_spans(s, self._allowed_low):
+            kind = "mrn" if category == "identifier" and _MRN_LIKE.match(match) else category
+            n = s.count(match)
             if n:
                 self.found[kind] += n
-                s = s.replace(v.match, self._url(v.match) if kind == "url" else PLACEHOLDERS[kind])
+                s = s.replace(match, self._url(match) if kind == "url" else PLACEHOLDERS[kind])
         return s
 
     def _url(self, url: str) -> str:

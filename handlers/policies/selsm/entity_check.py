@@ -112,7 +112,29 @@ def find_entities(text: str, instance_text: str = "", allowed_text: str = "",
     """
     if instance_numbers is None:  # (no instance text, no instance numbers: de-identification's every call)
         instance_numbers = _numbers_in(instance_text) - _numbers_in(allowed_text) if instance_text else set()
-    found: list[tuple[int, str, str]] = []
+    out: list[EntityViolation] = []
+    for c, span in allow_eponyms(entity_candidates(text, instance_numbers), allowed_text.lower()):
+        v = EntityViolation(category=c, match=span)
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def allow_eponyms(candidates: tuple[tuple[str, str, bool], ...], allowed_low: str) -> list[tuple[str, str]]:
+    """(category, span) of `entity_candidates`, less the first-name pairs `allowed_low` (the option texts,
+    lower-cased) quotes: eponyms the options themselves use ("Charles Bonnet syndrome") are clinical
+    terms, not people. Duplicates stay (find_entities drops them)."""
+    return [(c, span) for c, span, pair in candidates if not (pair and span.lower() in allowed_low)]
+
+
+def entity_candidates(text: str, instance_numbers: frozenset[str] | set[str] = frozenset()
+                      ) -> tuple[tuple[str, str, bool], ...]:
+    """Every span `find_entities` may report, in its order, as (category, span, is a first-name pair),
+    before the allowed texts pass their eponyms (`allow_eponyms`). Split from find_entities so that
+    de-identification can memoise the scan per string whatever case's options it is scrubbed for:
+    the allowed text only ever drops a first-name pair, and since pairs never overlap one another
+    (one `finditer`) and are checked after every pattern, dropping one changes no other span."""
+    found: list[tuple[int, str, str, bool]] = []
     taken: list[tuple[int, int]] = []
 
     def overlaps(a: int, b: int) -> bool:
@@ -130,21 +152,13 @@ def find_entities(text: str, instance_text: str = "", allowed_text: str = "",
                 digits = span.replace(",", "")
                 if not (len(digits) >= LONG_DIGITS or (len(digits) >= 2 and digits in instance_numbers)):
                     continue
-            found.append((m.start(), category, span))
+            found.append((m.start(), category, span, False))
             taken.append((m.start(), m.start() + len(span)))
-    allowed_low = allowed_text.lower()
     for m in _CAPITALISED_PAIR.finditer(text) if present["upper"] else ():
-        # Eponyms the options themselves use ("Charles Bonnet syndrome") are clinical terms, not people.
-        if (m.group(1).lower() in _FIRST_NAMES and not overlaps(m.start(), m.end())
-                and m.group(0).lower() not in allowed_low):
-            found.append((m.start(), "name", m.group(0)))
+        if m.group(1).lower() in _FIRST_NAMES and not overlaps(m.start(), m.end()):
+            found.append((m.start(), "name", m.group(0), True))
             taken.append((m.start(), m.end()))
-    out: list[EntityViolation] = []
-    for _, c, span in sorted(found):
-        v = EntityViolation(category=c, match=span)
-        if v not in out:
-            out.append(v)
-    return out
+    return tuple((c, span, pair) for _, c, span, pair in sorted(found))
 
 
 FIELD_BREAK = " | "
