@@ -60,20 +60,34 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("instance-number", re.compile(r"(?<![\w.])\d(?:[\d,]*\d)?(?![\w])")),  # filtered below
 ]
 
-_NEEDS: list[str | None] = ["://", "@", ".", None, ".", "/", "-", "digit", "digit", "digit", "digit", "upper", "upper",
-                             "digit", "digit", "digit", "digit", "digit", "digit"]
-r"""What each of `_PATTERNS` cannot match without (None: always scanned): a literal in its regex, a
-`\d`, or an ASCII capital its regex asks for outside any IGNORECASE. Most memory texts hold no digit,
-so two thirds of the patterns are skipped for them (de-identification runs them on every string a
-memory event carries). `tests/test_entity_gates.py` checks the gates against the patterns."""
+_NEEDS: list[str | None] = ["://", "@", "www.", "localhost|digit", "tld", "/", "-", "mrn", "digit", "digit", "digit",
+                             "honorific", "name-word", "digit", "digit", "digit", "digit", "digit", "digit"]
+r"""What each of `_PATTERNS` cannot match without (None: always scanned): a literal in its regex (matched
+case-insensitively where the regex is), a `\d`, or an ASCII capital its regex asks for outside any
+IGNORECASE. Most memory texts hold no digit, so most patterns are skipped for them (de-identification
+runs them on every string a memory event carries); the literal gates ("www.", a top-level domain, an
+honorific, "name"/"called", "mrn", "localhost") spare the patterns that scan every word of a text with a
+full stop or a capital in it, which is nearly every text. `tests/test_entity_gates.py` checks the gates
+against the patterns."""
 
 _DIGIT = re.compile(r"\d")
 _UPPER = re.compile(r"[A-Z]")
+_TLDS = (".com", ".org", ".net", ".gov", ".edu", ".io", ".nhs.uk", ".health")
+_HONORIFICS = ("Mr", "Ms", "Mx", "Dr", "Prof", "Miss")  # ("Mrs" holds "Mr")
+
+GATES = ("://", "@", "www.", "localhost|digit", "tld", "/", "-", "mrn", "digit", "honorific", "name-word", "upper")
+"""Every gate `_present` answers."""
 
 
 def _present(text: str) -> dict[str, bool]:
-    return {"://": "://" in text, "@": "@" in text, ".": "." in text, "/": "/" in text, "-": "-" in text,
-            "digit": _DIGIT.search(text) is not None, "upper": _UPPER.search(text) is not None}
+    low = text.lower()
+    digit = _DIGIT.search(text) is not None
+    upper = _UPPER.search(text) is not None
+    return {"://": "://" in text, "@": "@" in text, "www.": "www." in low,
+            "localhost|digit": digit or "localhost" in low, "tld": any(t in low for t in _TLDS),
+            "/": "/" in text, "-": "-" in text, "mrn": digit and "mrn" in low, "digit": digit,
+            "honorific": upper and any(h in text for h in _HONORIFICS),
+            "name-word": upper and ("name" in text or "called" in text), "upper": upper}
 
 
 _FIRST_NAMES = frozenset("""
