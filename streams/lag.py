@@ -20,11 +20,17 @@ from those replies. So up to k+1 cases' agent turns wait on the model at once. T
 speculates feedback and reflection over the pinned memory: a reply is served in order only to the
 very same request, so a reflection whose prompt reads the live memory is simply asked again, live.
 With `sim` or a recorded backbone there is nothing to wait on, and only the pinning applies.
+
+Who drives it. `AheadPass` (the ahead pass of one run) is shared: the embedded runner drives it
+through `LagPipeline` below, over the case list it holds; the Kafka worker's `RunActor`
+(streams/kafka_worker/actor.py) drives it over the case messages waiting in its mailbox, pinning
+each version when its case completes (or folding it from the log after a restart or a takeover).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -84,6 +90,16 @@ def _wire_prefetch(backbone):
     return transport, ahead
 
 
+@contextlib.contextmanager
+def pinned_memory(ctx: RunContext, pinned: MemoryProjection):
+    """A pinned stage (retrieve, act) reads `pinned`; its events still go to the live log and projection."""
+    live, ctx.projection = ctx.projection, pinned
+    try:
+        yield
+    finally:
+        ctx.projection = live
+
+
 def pinned_versions(ctx: RunContext, indices) -> dict[int, MemoryProjection]:
     """The memory each case index in `indices` reads under the run's lag k: as of the end of case
     index-1-k, folded from the log in one pass (a copy of the live projection where that is the
@@ -121,44 +137,45 @@ def version_seqs(ctx: RunContext, cases: set[int]) -> dict[int, int]:
     return out
 
 
-class LagPipeline:
-    """Pins each case to its memory version and runs it ahead; the runner drives it in case order."""
+class AheadPass:
+    """Runs cases ahead of their turn over their pinned memory, writing nothing, so the in-order pass
+    is served the model's replies (`served: "prefetched"`). One per run context: the embedded runner
+    (`LagPipeline`) and the Kafka worker (`RunActor`) drive it; both await a case's ahead pass before
+    its in-order pass (the two share the pinned projection, and the in-order pass must find the
+    replies there, not ask again). Inert (`live` False) with a backbone that has no model to wait on."""
 
-    def __init__(self, ctx: RunContext, cases: Sequence[Case]):
-        if ctx.lag < 1:
-            raise ValueError("a lag pipeline needs lag >= 1")
+    def __init__(self, ctx: RunContext):
         self.ctx = ctx
-        self.cases = cases
-        self.lag = ctx.lag
-        self.pinned: dict[int, MemoryProjection] = {}
-        self.ahead: dict[int, asyncio.Task] = {}
-        self.prefetch, self.ahead_backbone = _wire_prefetch(ctx.backbone)
-        self.ahead_failures: list[str] = []
+        self.prefetch, self.backbone = _wire_prefetch(ctx.backbone)
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.failures: list[str] = []
         """Cases whose ahead pass stopped on an error other than an outage (they ran live, in order)."""
 
-    def start(self, start: int, interrupted: bool) -> None:
-        """Pin cases start .. start+lag (their versions are all in the log or live now) and send them
-        ahead; `interrupted`: case `start` is half done (it is finished in order, not sent ahead)."""
-        window = range(start, min(start + self.lag + 1, len(self.cases)))
-        self.pinned.update(pinned_versions(self.ctx, window))
-        for i in window:
-            if not (interrupted and i == start):
-                self._send_ahead(i)
+    @property
+    def live(self) -> bool:
+        return self.prefetch is not None
 
-    def case_done(self, index: int) -> None:
-        """Case `index` has emitted all its events: its end is the version case index+1+lag reads."""
-        nxt = index + 1 + self.lag
-        if nxt < len(self.cases):
-            self.pinned[nxt] = copy_projection(self.ctx.projection)
-            self._send_ahead(nxt)
+    def send(self, index: int, case: Case, pinned: MemoryProjection) -> None:
+        """Run case `index` ahead over `pinned` (once; the task is awaited by `wait`)."""
+        if self.prefetch is not None and index not in self.tasks:
+            self.tasks[index] = asyncio.ensure_future(self._run(index, case, pinned))
 
-    def _send_ahead(self, index: int) -> None:
+    async def wait(self, index: int) -> None:
+        """Case `index` is about to run in order: let its ahead pass finish (its replies are what it is served)."""
+        task = self.tasks.pop(index, None)
+        if task is not None:
+            # Waited for, never awaited: one cancelled by `cancel` (the run's state was dropped meanwhile)
+            # is no reason to stop the caller, which finds that out its own way.
+            await asyncio.wait([task])
+
+    def forget(self, case_id: str) -> None:
+        """The case ran in order: drop the replies it did not ask for."""
         if self.prefetch is not None:
-            self.ahead[index] = asyncio.ensure_future(self._run_ahead(index))
+            self.prefetch.forget(case_id)
 
-    async def _run_ahead(self, index: int) -> None:
-        ctx, case, pinned = self.ctx, self.cases[index], self.pinned[index]
-        scratch = RunContext(run_id=ctx.run_id, policy=ctx.policy, backbone=self.ahead_backbone, projection=pinned,
+    async def _run(self, index: int, case: Case, pinned: MemoryProjection) -> None:
+        ctx = self.ctx
+        scratch = RunContext(run_id=ctx.run_id, policy=ctx.policy, backbone=self.backbone, projection=pinned,
                              writer=ScratchWriter(ctx.writer.store, ctx.run_id, pinned, ctx._patient_directory),
                              seed=ctx.seed,
                              tools=dict(ctx.tools), lag=ctx.lag, environment=ctx.environment)
@@ -170,40 +187,72 @@ class LagPipeline:
             return None  # the in-order pass meets it too, and raises it there, naming its case
         except Exception as exc:  # noqa: BLE001 - the in-order pass is authoritative: it meets the same
             # failure or fetches live what is missing; said, so a broken ahead pass is not silently slow
-            self.ahead_failures.append(f"{case.case_id}: {exc!r}")
+            self.failures.append(f"{case.case_id}: {exc!r}")
             log.warning("--lag: case %s could not run ahead (%r); it runs in order, live", case.case_id, exc)
+
+    def cancel(self) -> list[asyncio.Task]:
+        """Stop every case still running ahead (the run stopped, or its state was dropped); returns the tasks."""
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        self.tasks.clear()
+        return tasks
+
+    async def close(self) -> None:
+        """`cancel`, and wait until they have stopped."""
+        for task in self.cancel():
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+
+class LagPipeline:
+    """Pins each case to its memory version and runs it ahead; the runner drives it in case order."""
+
+    def __init__(self, ctx: RunContext, cases: Sequence[Case]):
+        if ctx.lag < 1:
+            raise ValueError("a lag pipeline needs lag >= 1")
+        self.ctx = ctx
+        self.cases = cases
+        self.lag = ctx.lag
+        self.pinned: dict[int, MemoryProjection] = {}
+        self.ahead = AheadPass(ctx)
+
+    def start(self, start: int, interrupted: bool) -> None:
+        """Pin cases start .. start+lag (their versions are all in the log or live now) and send them
+        ahead; `interrupted`: case `start` is half done (it is finished in order, not sent ahead)."""
+        window = range(start, min(start + self.lag + 1, len(self.cases)))
+        self.pinned.update(pinned_versions(self.ctx, window))
+        for i in window:
+            if not (interrupted and i == start):
+                self.ahead.send(i, self.cases[i], self.pinned[i])
+
+    def case_done(self, index: int) -> None:
+        """Case `index` has emitted all its events: its end is the version case index+1+lag reads."""
+        nxt = index + 1 + self.lag
+        if nxt < len(self.cases):
+            self.pinned[nxt] = copy_projection(self.ctx.projection)
+            self.ahead.send(nxt, self.cases[nxt], self.pinned[nxt])
 
     async def process(self, case: Case, index: int, progress: CaseProgress | None, on_stage: StageDone):
         """Case `index` in order: retrieve and act on its pinned memory, the rest on the live memory."""
-        ahead = self.ahead.pop(index, None)
-        if ahead is not None:
-            await ahead  # its replies are what this pass is served
+        await self.ahead.wait(index)
         pinned = self.pinned.pop(index)
         ctx = self.ctx
         p = progress or CaseProgress()
         try:
             while (stage := next_stage(p)) is not None:
                 if stage in PINNED_STAGES:
-                    live, ctx.projection = ctx.projection, pinned
-                    try:
+                    with pinned_memory(ctx, pinned):
                         await run_stage(ctx, case, index, p, stage)  # its events still go to the live log
-                    finally:
-                        ctx.projection = live
                 else:
                     await run_stage(ctx, case, index, p, stage)
                 await on_stage(stage)
         finally:
-            if self.prefetch is not None:
-                self.prefetch.forget(case.case_id)
+            self.ahead.forget(case.case_id)
         return p.completed
 
     async def close(self) -> None:
         """Stop what is still running ahead (a run that stopped early: an outage, an error)."""
-        for task in self.ahead.values():
-            task.cancel()
-        for task in self.ahead.values():
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-        self.ahead.clear()
+        await self.ahead.close()
