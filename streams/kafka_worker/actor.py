@@ -17,7 +17,7 @@ from grandrounds.store.events import NewEvent, StoredEvent
 from grandrounds.store.projection import MemoryProjection, checkpoint_of, copy_projection, save_checkpoint
 from grandrounds.streams.kafka_worker.commit import Step
 from grandrounds.streams.kafka_worker.delivery import START_KEY, STAGE_INDEX, Delivery, DeliveryState
-from grandrounds.streams.lag import PINNED_STAGES, pinned_versions
+from grandrounds.streams.lag import PINNED_STAGES, AheadPass, pinned_memory, pinned_versions
 from grandrounds.streams.messages import CaseMessage, DeadLetter, RunStart, StageCommand
 
 # `KafkaWorker` in annotations is named, not imported: worker.py imports this module.
@@ -80,11 +80,17 @@ class RunActor:
         self.pinned: dict[int, MemoryProjection] = {}
         """A run with lag k > 0: case index → the memory its retrieve and act stages read (as of the end
         of case index-1-k; streams/lag.py). Taken when that case completes, else folded from the log."""
+        self.lookahead: AheadPass | None = None
+        """A run with lag k > 0 and a live model: the cases after the one in flight, run ahead over their
+        pinned memory as soon as their message is here (up to k of them), so up to k+1 of the run's
+        cases wait on the model at once; each case's in-order pass is served their replies."""
 
     # --- mailbox -------------------------------------------------------------------------
 
     def deliver(self, d: Delivery) -> None:
         self.waiting.setdefault(d.key, []).append(d)
+        if isinstance(d.body, CaseMessage) and self.pinned:
+            self._send_ahead(d.body.index)  # a case whose memory version is here already: it need not wait
         self.resume()
 
     def resume(self) -> None:
@@ -103,6 +109,7 @@ class RunActor:
     def close(self, checkpoint: bool = True) -> None:
         if self.task is not None and not self.task.done():
             self.task.cancel()
+        self._stop_lookahead()
         if checkpoint and self.ctx is not None and not self.ctx.writer.pending and not self.uncommitted:
             try:
                 save_checkpoint(self.worker.store, self.run_id, self.ctx.projection)
@@ -122,6 +129,7 @@ class RunActor:
         w = self.worker
         self.ctx, self.case, self.index, self.progress = None, None, None, CaseProgress()
         self.pinned = {}
+        self._stop_lookahead()
         if w.store.has_run(self.run_id):
             spec = read_spec(w.store, self.run_id)
             self.ctx, _how = open_run(w.store, self.run_id, spec, w.cache, **w.backbone_opts)
@@ -242,16 +250,15 @@ class RunActor:
             pinned = None
             if ctx.lag and next_stage(self.progress) in PINNED_STAGES:
                 pinned = await self._pinned(self.index)
+                if pinned is not None:
+                    await self._await_ahead(self.index)  # the next cases go ahead meanwhile
                 if generation != self.generation:
                     raise _Reloaded()
             if pinned is None:
                 stage = await run_one_stage(ctx, self.case, self.index, self.progress)
             else:  # lag k: the case acts on the memory as of case index-1-k; its events go to the live log
-                live, ctx.projection = ctx.projection, pinned
-                try:
+                with pinned_memory(ctx, pinned):
                     stage = await run_one_stage(ctx, self.case, self.index, self.progress)
-                finally:
-                    ctx.projection = live
                 if stage == PINNED_STAGES[-1]:
                     self.pinned.pop(self.index, None)
             if generation != self.generation:
@@ -298,6 +305,9 @@ class RunActor:
         if stage == "govern":
             if ctx.lag:  # the end of this case is the memory case index+1+lag acts on
                 self.pinned[self.index + 1 + ctx.lag] = copy_projection(ctx.projection)
+                if self.lookahead is not None:
+                    self.lookahead.forget(self.case.case_id)
+                self._send_ahead(self.index + 1 + ctx.lag)
             done = ctx.projection.state.cases_completed
             complete = ctx.projection.state.run_completed  # this step appended run.completed
             self.case, self.index, self.progress = None, None, CaseProgress()
@@ -323,15 +333,66 @@ class RunActor:
     async def _pinned(self, index: int) -> MemoryProjection | None:
         """The memory case `index` acts on under the run's lag. Taken when case index-1-lag completed on
         this worker; else (a run just (re)loaded, or taken over) folded from the log, once the file holds
-        every step this worker processed (the version may be among them)."""
+        every step this worker processed (the version may be among them). Folded with it, in the same
+        pass: the versions of the cases after it whose message is here, so they can go ahead now."""
         if index not in self.pinned:
             ctx, generation = self.ctx, self.generation
             if self.uncommitted:
                 await self.worker.committer.settle([self])
             if generation != self.generation:
                 return None  # reloaded meanwhile: the caller takes the step up again
-            self.pinned.update(pinned_versions(ctx, [index]))
+            # Cases index+1 .. index+lag act on the end of cases index-lag .. index-1: all in the log now.
+            after = [j for j in range(index + 1, index + 1 + ctx.lag)
+                     if j not in self.pinned and self._waiting_case(j) is not None and self._ahead_pass() is not None]
+            self.pinned.update(pinned_versions(ctx, [index, *after]))
         return self.pinned[index]
+
+    # --- the ahead pass (lag k > 0, live model) ---------------------------------------------
+
+    def _ahead_pass(self) -> AheadPass | None:
+        """The run's ahead pass; None where there is nothing to run ahead (lag 0, sim, a recorded run)."""
+        ctx = self.ctx
+        if ctx is None or not ctx.lag:
+            return None
+        if self.lookahead is None or self.lookahead.ctx is not ctx:
+            self._stop_lookahead()
+            self.lookahead = AheadPass(ctx)
+        return self.lookahead if self.lookahead.live else None
+
+    def _waiting_case(self, index: int) -> Case | None:
+        """Case `index`, if its message is waiting here for its turn."""
+        for d in self.waiting.get((index, 0), ()):
+            if isinstance(d.body, CaseMessage):
+                return d.body.case
+        return None
+
+    def _send_ahead(self, index: int) -> None:
+        """Run case `index` ahead if its memory version and its message are both here and its turn has
+        not come yet (the in-order pass, then, has not begun it)."""
+        ahead = self._ahead_pass()
+        if ahead is None or index not in self.pinned or index == self.index:
+            return
+        if self.ctx.writer.projection.state.cases_received > index:  # the live memory: ctx.projection is the
+            return  # pinned one while a pinned stage runs. Begun (or done) in order already.
+        case = self._waiting_case(index)
+        if case is not None:
+            ahead.send(index, case, self.pinned[index])
+
+    async def _await_ahead(self, index: int) -> None:
+        """Case `index` runs a pinned stage in order: send the next `lag` cases ahead (those that can go
+        and have not), then let its own ahead pass finish, if it has one still running (its replies are
+        what the in-order pass is served)."""
+        ahead = self._ahead_pass()
+        if ahead is None:
+            return
+        for j in range(index + 1, index + 1 + self.ctx.lag):
+            self._send_ahead(j)
+        await ahead.wait(index)
+
+    def _stop_lookahead(self) -> None:
+        if self.lookahead is not None:
+            self.lookahead.cancel()
+            self.lookahead = None
 
     def _deliver_ahead(self, stage: str, topic: str, cmd: StageCommand, sent: asyncio.Future) -> None:
         """Take up the next command now, before the broker acknowledges it; its offset comes later.
@@ -391,6 +452,7 @@ class RunActor:
         self.generation += 1
         self.loaded = False
         self.pinned = {}
+        self._stop_lookahead()
         self.ctx = None
         self.head = None
         self.case, self.index, self.progress = None, None, CaseProgress()
