@@ -7,12 +7,17 @@ independent of the order cases arrive in.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from grandrounds.store.canonical import sha256_hex
 
 
+@lru_cache(maxsize=4096)
 def _word(text: str) -> int:
+    # memoised: the purposes are a handful of constants, and each case id is hashed for every purpose
+    # (a sha256 each time); a pure function of the text.
     return int(sha256_hex(text)[:15], 16)
 
 

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+import sys
+from bisect import bisect_left
+from functools import lru_cache
+
+import numpy as np
 
 _TOKEN = re.compile(r"[a-z][a-z0-9]+")
 
@@ -27,7 +32,15 @@ def tokens(text: str) -> list[str]:
 
 
 def content_tokens(text: str) -> set[str]:
-    return {t for t in tokens(text) if t not in STOPWORDS}
+    return set(_content_tokens(text))  # a fresh set: callers may change theirs
+
+
+@lru_cache(maxsize=4096)
+def _content_tokens(text: str) -> frozenset[str]:
+    """Memoised: a pure function of the text, and a case's question and option texts are tokenised
+    again by every step that reads them (the sim backbone's choice, the review gate's checks of each
+    proposed rule and guideline against each option, the rule floor): a regex pass each time."""
+    return frozenset(t for t in tokens(text) if t not in STOPWORDS)
 
 
 def key_terms(text: str, limit: int = 12) -> list[str]:
@@ -63,10 +76,13 @@ class TermIndex:
     def __init__(self) -> None:
         self.tf: dict[str, dict[str, int]] = {}
         self.df: dict[str, int] = {}
+        self.dl: dict[str, int] = {}  # words per text (sum of its term frequencies)
         self.total_len = 0
         self._floor: tuple[int, float] | None = None  # (corpus size it was computed at, floor)
         self._vocab: list[str] = []  # the vocabulary in sorted order, kept for `_idf`
+        self._dfs = np.zeros(0, dtype=np.int64)  # the document frequency of each word of `_vocab`
         self._new_words: list[str] = []  # words added since `_vocab` was last merged
+        self._touched: list[str] = []  # words of `_vocab` whose document frequency rose since then
 
     def __len__(self) -> int:
         return len(self.tf)
@@ -83,26 +99,45 @@ class TermIndex:
         for w in words:
             freq[w] = freq.get(w, 0) + 1
         self.tf[key] = freq
+        self.dl[key] = len(words)
         self.total_len += len(words)
         for w in freq:
             d = self.df.get(w, 0)
-            if not d:
-                self._new_words.append(w)
+            (self._touched if d else self._new_words).append(w)
             self.df[w] = d + 1
+
+    def _sync_vocab(self) -> None:
+        """Bring `_vocab` and `_dfs` up to `df`: new words merged in at their sorted places, the
+        document frequencies of the words seen again updated in place (a bisection each)."""
+        df = self.df
+        if self._new_words:
+            new = sorted(self._new_words)
+            at = [bisect_left(self._vocab, w) for w in new]  # places in the old order (non-decreasing)
+            self._dfs = np.insert(self._dfs, at, [df[w] for w in new])
+            self._vocab = sorted(self._vocab + new)  # two sorted runs: timsort merges them in one pass
+            self._new_words = []
+        vocab, dfs = self._vocab, self._dfs
+        for w in self._touched:
+            dfs[bisect_left(vocab, w)] = df[w]
+        self._touched = []
 
     def _idf(self) -> tuple[int, float]:
         """(corpus size, the floor for negative idf): epsilon times the mean idf, as rank_bm25."""
         n = len(self.tf)
         if self._floor is None or self._floor[0] != n:  # one pass over the vocabulary per new text, not per query
-            if self._new_words:  # two sorted runs: timsort merges them in one pass
-                self._vocab = sorted(self._vocab + sorted(self._new_words))
-                self._new_words = []
+            self._sync_vocab()
             # The same sum over the sorted vocabulary as ever, but each word's term looked up by its
-            # document frequency: a handful of distinct values, so two logs per value, not per word.
-            df = self.df
-            term = {d: math.log(n - d + 0.5) - math.log(d + 0.5) for d in set(df.values())}
-            total = sum([term[df[w]] for w in self._vocab])
-            self._floor = (n, self.EPSILON * total / len(df) if df else 0.0)
+            # document frequency: a handful of distinct values, so two logs per value, not per word;
+            # and the words' terms gathered by numpy from `_dfs` (kept in step by `add`), not by a
+            # Python pass of two dict lookups a word, which grew with every text memory holds.
+            dfs = self._dfs
+            total = 0.0
+            if len(dfs):
+                table = np.zeros(int(dfs.max()) + 1)
+                for d in np.flatnonzero(np.bincount(dfs)).tolist():
+                    table[d] = math.log(n - d + 0.5) - math.log(d + 0.5)
+                total = _sequential_sum(table[dfs])
+            self._floor = (n, self.EPSILON * total / len(self.df) if self.df else 0.0)
         return self._floor
 
     def scores(self, query: str, keys: list[str]) -> list[float]:
@@ -113,21 +148,34 @@ class TermIndex:
         floor = None  # needed only when a query word occurs in more than half the texts (a negative idf)
         avgdl = self.total_len / n
         q = self.words(query)
+        # Each query word's idf once per query, not once per key (the same floats: the same expression).
+        idfs = {w: math.log(n - d + 0.5) - math.log(d + 0.5) for w in q if (d := self.df.get(w))}
         out = []
         for key in keys:
-            freq = self.tf.get(key, {})
-            dl = sum(freq.values())
+            freq = self.tf.get(key)
+            if freq is None:
+                out.append(0.0)
+                continue
+            norm = self.K1 * (1 - self.B + self.B * self.dl[key] / avgdl)
             score = 0.0
             for w in q:  # repeated query words count again, as rank_bm25's do
                 f = freq.get(w, 0)
                 if not f:
                     continue
-                d = self.df[w]
-                idf = math.log(n - d + 0.5) - math.log(d + 0.5)
+                idf = idfs[w]
                 if idf < 0:
                     if floor is None:
                         floor = self._idf()[1]
                     idf = floor
-                score += idf * f * (self.K1 + 1) / (f + self.K1 * (1 - self.B + self.B * dl / avgdl))
+                score += idf * f * (self.K1 + 1) / (f + norm)
             out.append(score)
         return out
+
+
+def _sequential_sum(values: np.ndarray) -> float:
+    """`sum(values.tolist())`, the float Python's built-in sum gives: on Python 3.11 a plain running sum,
+    which numpy's cumulative sum computes in the same order and to the same bits; from 3.12 on, sum()
+    compensates its rounding, so there it is called as before."""
+    if sys.version_info < (3, 12):
+        return float(np.cumsum(values)[-1])
+    return sum(values.tolist())

@@ -105,12 +105,13 @@ class VectorIndex:
             except RuntimeError:
                 pass  # graph could not return k live items: fall back to exact
         sims = self._vecs[: self._n] @ query
-        sims = np.where(self._alive[: self._n], sims, -np.inf)
+        if self._live < self._n:  # (nothing to mask while no item was removed: a pass and a copy fewer)
+            sims = np.where(self._alive[: self._n], sims, -np.inf)
         if k < self._live:
-            part = np.argpartition(-sims, k - 1)[:k]
+            # The k-th best score; for k = 1 that is the maximum, without a partition of every score.
+            kth = sims.max() if k == 1 else sims[np.argpartition(-sims, k - 1)[:k]].min()
             # Widen to everything within float32 noise of the k-th score: the float64 rescoring
             # and the label tie-break then decide, exactly.
-            kth = sims[part].min()
             part = np.flatnonzero(sims >= kth - 1e-5)
         else:
             part = np.flatnonzero(np.isfinite(sims))

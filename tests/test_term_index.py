@@ -71,3 +71,20 @@ def test_scores_are_the_same_floats_under_any_hash_seed():
     outs = {subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("0", "1", "12345")}
     assert len(outs) == 1
+
+
+def test_the_idf_floor_is_the_plain_sum_over_the_sorted_vocabulary_as_texts_arrive():
+    """`_idf` keeps the vocabulary's document frequencies as an array updated as texts arrive (new words
+    merged in, old ones counted up) and sums the terms with numpy: the floor must stay the float the
+    plain Python sum over the sorted vocabulary gives, bit for bit, at every corpus size."""
+    import math
+
+    index = TermIndex()
+    for n, text in enumerate(TEXTS + QUERIES, start=1):
+        index.add(f"t{n}", text)
+        if n % 3 and n > 8:
+            continue  # several texts between two floors too: the merge of many new words at once
+        df = index.df
+        ref = sum([math.log(n - df[w] + 0.5) - math.log(df[w] + 0.5) for w in sorted(df)])
+        assert index._idf() == (n, TermIndex.EPSILON * ref / len(df))
+        assert index._vocab == sorted(df) and index._dfs.tolist() == [df[w] for w in index._vocab]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 _TAG = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL | re.IGNORECASE)
@@ -73,6 +74,12 @@ def _norm(text: str) -> str:
     return " ".join(re.sub(r"[*_`]", " ", text).lower().split())
 
 
+_norm_option = lru_cache(maxsize=4096)(_norm)
+"""`_norm` memoised for option texts: a case's options are normalised again by every check that looks
+for them in a text (the review gate checks each proposed rule and guideline, and the lesson's sentences
+one by one), while the option texts themselves never change."""
+
+
 def mentioned_options(text: str, options: dict[str, str]) -> list[tuple[int, str]]:
     """(position, letter) of every option named in `text`, by its letter ("C)", "(C)", "option C")
     or its full text; a text mention inside a longer option's mention does not count."""
@@ -84,7 +91,7 @@ def mentioned_options(text: str, options: dict[str, str]) -> list[tuple[int, str
     low = _norm(text)
     spans: list[tuple[int, int, str]] = []
     for k, t in options.items():
-        needle = _norm(t)
+        needle = _norm_option(t)
         if not needle:
             continue
         start = low.find(needle)
