@@ -150,6 +150,7 @@ class TermIndex:
         q = self.words(query)
         # Each query word's idf once per query, not once per key (the same floats: the same expression).
         idfs = {w: math.log(n - d + 0.5) - math.log(d + 0.5) for w in q if (d := self.df.get(w))}
+        q = [w for w in q if w in idfs]  # a word no text holds adds nothing to any score: not looked up per key
         out = []
         for key in keys:
             freq = self.tf.get(key)

@@ -16,6 +16,7 @@ shown must be relevant and must say plainly what was true:
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from grandrounds.handlers.agent.protocol import align_reply, explicit_statement, mentioned_options
 from grandrounds.handlers.text import content_tokens, key_terms, trigger_overlap
@@ -81,8 +82,15 @@ def precedent_line(findings: str, gold_text: str, answer_text: str, correct: boo
 def rule_matches(trigger: list[str], rule_text: str, case_tokens: set[str], floor: float) -> bool:
     """A rule applies when enough of its trigger terms occur in the case; without a trigger, its own
     key terms stand in."""
-    terms = list(trigger) or key_terms(rule_text)
-    return bool(terms) and trigger_overlap([t.lower() for t in terms], case_tokens) >= floor
+    terms = _match_terms(tuple(trigger), rule_text)
+    return bool(terms) and trigger_overlap(terms, case_tokens) >= floor
+
+
+@lru_cache(maxsize=4096)
+def _match_terms(trigger: tuple[str, ...], rule_text: str) -> tuple[str, ...]:
+    """The lower-cased terms a rule matches on: memoised, since rule selection checks up to 32 candidate
+    rules a case and the same rules come up case after case (a pure function of the rule's words)."""
+    return tuple(t.lower() for t in (trigger or key_terms(rule_text)))
 
 
 def review_text(text: str, question: str, options: dict[str, str], gold: str) -> str | None:
