@@ -10,7 +10,7 @@ import pytest
 from grandrounds.handlers import deidentify
 from grandrounds.handlers.policies.selsm import entity_check as ec
 
-from tests.test_entity_gates import SAMPLES
+from test_entity_gates import SAMPLES
 
 TEXTS = SAMPLES + [
     "Charles Bonnet syndrome in John Carter, seen by Dr Who on 2021-03-04; John Carter again.",
