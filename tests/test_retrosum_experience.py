@@ -37,7 +37,8 @@ from grandrounds.handlers.policies.retrosum.memory import ExperienceMemory
 from grandrounds.store.projection import MemoryProjection
 
 NONE_ACCURACY = 0.115385  # `--policy none` on the examples with sim
-OBSERVED_MARGIN = 0.5  # retrosum measured 0.653846 (51/78), i.e. +0.538 over none
+OBSERVED_MARGIN = 0.3  # retrosum measured 0.448718 (35/78), i.e. +0.333 over none (0.653846 before
+# answer_lessons_floor withheld answer-naming lessons of less similar presentations)
 
 
 def _payloads(store, run_id, type_):
@@ -117,7 +118,8 @@ def test_experiences_are_keyed_by_the_embedding_of_their_patient_context():
 @pytest.mark.parametrize("cos, retrieved", [(0.49, False), (0.5, True), (0.51, True)])
 def test_top1_retrieval_respects_the_cosine_threshold(cos, retrieved):
     ctx, store = _bank([("c1", "near", cos), ("c2", "far", 0.1)])
-    got = RetroSumMemory(RetroSumPolicy()).retrieve(ctx, _case("new", "the query"), ctx.projection.seq)
+    policy = RetroSumPolicy(answer_lessons_floor=-1.0)  # the lesson names option A: shown at any cosine here
+    got = RetroSumMemory(policy).retrieve(ctx, _case("new", "the query"), ctx.projection.seq)
     store.close()
     if not retrieved:  # below 0.5: nothing injected anywhere
         assert got.items == [] and "Lessons from a similar past case" not in got.prefix
@@ -129,6 +131,39 @@ def test_top1_retrieval_respects_the_cosine_threshold(cos, retrieved):
     assert [i.text for i in actor] == ["actor lesson 0: favour 'alpha'."] and actor[0].trigger == ["fever"]
     assert [i.text for i in summ] == ["summariser lesson 0"] and summ[0].trigger == []
     assert "actor lesson 0" in got.prefix and "summariser lesson 0" not in got.prefix
+
+
+@pytest.mark.parametrize("cos", [0.6, 0.69])
+def test_below_the_answer_floor_a_lesson_naming_an_option_is_withheld(cos):
+    """Issue 20: a past case's lesson that names one of this case's options acted as the answer for the
+    local model. Below `answer_lessons_floor` (0.7) only lessons naming none are shown; with none left
+    the actor's prompt is `none`'s (no lessons heading). Summariser lessons are not the actor's."""
+    ctx, store = _bank([("c1", "near", cos)])
+    part = ctx.projection.state.policy_memory
+    mem = RetroSumMemory(RetroSumPolicy())
+    got = mem.retrieve(ctx, _case("new", "the query"), ctx.projection.seq)
+    assert [i.detail["audience"] for i in got.items] == [SUMMARISER]
+    assert "Lessons from a similar past case" not in got.prefix
+    at_floor = RetroSumMemory(RetroSumPolicy(answer_lessons_floor=cos - 1e-3))
+    shown = at_floor.retrieve(ctx, _case("new", "the query"), ctx.projection.seq)
+    assert "actor lesson 0: favour 'alpha'." in shown.prefix
+    generic = Lesson(text="Weigh every finding before you settle.", trigger=[])
+    ctx.projection.apply(ctx.projection.seq + 1, ExperienceStored(
+        experience_id="exp-00001", source_case_id="c2", context="near", actor_lessons=[generic],
+        summariser_lessons=[], answer="A", gold="A", correct=True))
+    both = RetroSumMemory(RetroSumPolicy(top_k=2)).retrieve(ctx, _case("new", "the query"), ctx.projection.seq)
+    store.close()
+    assert len(part) == 2 and "Weigh every finding" in both.prefix and "alpha" not in both.prefix
+
+
+@pytest.mark.parametrize("text, named", [("Favour alpha here.", True), ("Option B fits.", True),
+                                         ("The gamma sign decides.", False), ("The query decides.", False)])
+def test_what_counts_as_naming_an_option(text, named):
+    from grandrounds.handlers.policies.retrosum.policy import names_an_option
+    from grandrounds.store.event_types import MemoryItem
+
+    item = MemoryItem(kind="experience", item_id="x", text=text, detail={"audience": "actor"})
+    assert names_an_option(item, _case("new", "the query")) is named
 
 
 def test_a_case_never_retrieves_an_experience_derived_from_itself():
@@ -180,7 +215,7 @@ def test_the_example_run_learns_well_above_the_memory_free_baseline(example_db):
     assert none == NONE_ACCURACY
     assert rs >= none + OBSERVED_MARGIN, rs
     followed = [s for s in sources if s.startswith("experience:")]
-    assert len(followed) >= 40 and all(re.fullmatch(r"experience:exp-\d{5}-a\d+", s) for s in followed)
+    assert len(followed) >= 25 and all(re.fullmatch(r"experience:exp-\d{5}-a\d+", s) for s in followed)
     assert counts["experiences"] == len(cases)
 
 

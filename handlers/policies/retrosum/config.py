@@ -41,6 +41,15 @@ class RetroSumPolicy(PolicyBase):
     """At most this many summariser lessons per experience (same cap, same source)."""
     learn_from_failures: bool = True
     """Distil lessons from wrong answers too (the published code's `extract_from_failures` = True)."""
+    answer_lessons_floor: float = Field(0.7, ge=-1.0, le=1.0)
+    """Cosine at or above which an actor lesson that names one of this case's options (its text, a
+    letter, or a word of it that this case's question does not use) is shown; below it only lessons naming none of them are. Not in the paper: found with the
+    local 1.5 B model (benchmarks/bench_real_model.py, issue 20). A lesson such as "a silent,
+    hyperresonant side suggests a tension pneumothorax" from a past case of another diagnosis acted
+    as the answer: retrosum online scored 8/28 where `none` scored 19/28. On the held-out recurring
+    stream, MiniLM cosine does not separate diagnoses of one presentation below 0.7 (same diagnosis
+    0.51-0.75, another up to 0.68), so a lesson carries its answer only to a nearly identical
+    presentation; -1 shows every lesson (runs recorded before this field)."""
 
     ablations: ClassVar[dict[str, dict[str, Any]]] = {
         "no-writing": {"writing": False},
@@ -49,4 +58,6 @@ class RetroSumPolicy(PolicyBase):
         "no-experience": {"writing": False, "actor_lessons": False, "summariser_lessons": False},
         "no-actor-lessons": {"actor_lessons": False},
         "no-summariser-lessons": {"summariser_lessons": False},
+        "answer-lessons-everywhere": {"answer_lessons_floor": -1.0},
     }
+    recorded_defaults: ClassVar[dict[str, Any]] = {"answer_lessons_floor": -1.0}

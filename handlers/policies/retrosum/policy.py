@@ -14,13 +14,14 @@ loop's: handlers/agent/protocol.py aligns a tag-less final answer to an option.
 from __future__ import annotations
 
 from typing import Iterable
+from grandrounds.handlers.agent.protocol import mentioned_options
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.policies.base import SUMMARISER, MemoryPolicy, ask_or_fail
 from grandrounds.handlers.policies.fhir_lessons import fhir_terms
 from grandrounds.handlers.policies.render import render_items
 from grandrounds.handlers.policies.retrosum.config import RetroSumPolicy
 from grandrounds.handlers.policies.retrosum.lessons import ExperienceDraft, LessonDraft, lesson_task, patient_context
-from grandrounds.handlers.text import key_terms
+from grandrounds.handlers.text import content_tokens, key_terms
 from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved
 from grandrounds.handlers.policies.retrosum.events import ExperienceStored, Lesson
 from grandrounds.handlers.policies.retrosum.memory import Experience, ExperienceMemory
@@ -63,6 +64,21 @@ def experience_items(exp: Experience, relevance: float, cfg: RetroSumPolicy) -> 
     return items
 
 
+def names_an_option(item: MemoryItem, case: Case) -> bool:
+    """Whether an actor lesson names one of this case's options: its full text, its letter, or a word of
+    it (5 letters or more) that this case's question does not use ("pneumothorax" for "Tension
+    pneumothorax", unless the vignette says it). Such a lesson from another presentation acts as the
+    answer for a small model (see `answer_lessons_floor`). Summariser lessons go to the summariser,
+    not the actor, and are never withheld."""
+    options = getattr(case, "options", None)  # FHIR tasks have none
+    if item.detail.get("audience") == SUMMARISER or not options:
+        return False
+    if mentioned_options(item.text, options):
+        return True
+    answer_words = {w for option in options.values() for w in content_tokens(option) if len(w) >= 5}
+    return bool((answer_words - content_tokens(case.question)) & content_tokens(item.text))
+
+
 def _lessons(drafts: list[LessonDraft], limit: int, default_trigger: list[str] | None) -> list[Lesson]:
     """Non-empty lessons, at most `limit`, duplicates dropped. Actor lessons without a trigger get
     the case's key terms; summariser lessons carry none (`default_trigger` None)."""
@@ -91,7 +107,8 @@ class RetroSumMemory(MemoryPolicy):
         if len(part) and cfg.top_k and (cfg.actor_lessons or cfg.summariser_lessons):
             query = ctx.projection.embed(patient_context(ctx.retrieval_text(case.question, case.case_id)))
             for exp, cos in select(part, query, cfg, ctx.projection.own_cases(case.case_id)):
-                items += experience_items(exp, cos, cfg)
+                items += [item for item in experience_items(exp, cos, cfg)
+                          if cos >= cfg.answer_lessons_floor or not names_an_option(item, case)]
         actor = [i for i in items if i.detail.get("audience") != SUMMARISER]
         return MemoryRetrieved(memory_seq=memory_seq, items=items, prefix=render_items([(ACTOR_TITLE, actor)]))
 
