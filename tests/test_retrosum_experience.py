@@ -166,6 +166,23 @@ def test_what_counts_as_naming_an_option(text, named):
     assert names_an_option(item, _case("new", "the query")) is named
 
 
+def test_lessons_that_teach_another_option_are_not_stored():
+    """Issue 20: after a wrong answer the local model restated the lesson it had been shown, of another
+    diagnosis; such a lesson, and one that only rules options out by name, never becomes memory."""
+    from grandrounds.handlers.policies.retrosum.lessons import LessonDraft
+    from grandrounds.handlers.policies.retrosum.policy import reviewed
+
+    case = Case(case_id="c", kind="mcq", question="Sharp chest pain eased by leaning forward; diffuse ST elevation.",
+                options={"A": "Tension pneumothorax", "B": "Acute pericarditis", "C": "Aortic dissection"}, answer="B")
+    drafts = [LessonDraft(text="A silent hyperresonant side suggests a tension pneumothorax."),
+              LessonDraft(text="Tension pneumothorax and aortic dissection do not fit these symptoms."),
+              LessonDraft(text="Pain relieved by leaning forward with diffuse ST elevation points to acute pericarditis."),
+              LessonDraft(text="Weigh the finding that separates close alternatives before answering.")]
+    kept = [d.text for d in reviewed(drafts, case, RetroSumPolicy())]
+    assert kept == [drafts[2].text, drafts[3].text]
+    assert len(reviewed(drafts, case, RetroSumPolicy(review_lessons=False))) == 4
+
+
 def test_a_case_never_retrieves_an_experience_derived_from_itself():
     # Its own experiences are the nearest (two of them, as after a keep-learning rerun); the guard
     # skips both and still returns the best experience of another case.

@@ -41,6 +41,12 @@ class RetroSumPolicy(PolicyBase):
     """At most this many summariser lessons per experience (same cap, same source)."""
     learn_from_failures: bool = True
     """Distil lessons from wrong answers too (the published code's `extract_from_failures` = True)."""
+    review_lessons: bool = True
+    """An MCQ case's actor lessons pass the review gate before they are stored (precedents.review_text:
+    not empty, not only an option's name or a finding of the case, no option letter, no other option
+    than the confirmed answer taught). Not in the paper: the local model's lesson after a wrong answer
+    restated the lesson it had been shown, of another diagnosis (issue 20). False: runs recorded
+    before this field."""
     answer_lessons_floor: float = Field(0.7, ge=-1.0, le=1.0)
     """Cosine at or above which an actor lesson that names one of this case's options (its text, a
     letter, or a word of it that this case's question does not use) is shown; below it only lessons naming none of them are. Not in the paper: found with the
@@ -59,5 +65,6 @@ class RetroSumPolicy(PolicyBase):
         "no-actor-lessons": {"actor_lessons": False},
         "no-summariser-lessons": {"summariser_lessons": False},
         "answer-lessons-everywhere": {"answer_lessons_floor": -1.0},
+        "no-lesson-review": {"review_lessons": False},
     }
-    recorded_defaults: ClassVar[dict[str, Any]] = {"answer_lessons_floor": -1.0}
+    recorded_defaults: ClassVar[dict[str, Any]] = {"answer_lessons_floor": -1.0, "review_lessons": False}

@@ -18,6 +18,7 @@ from grandrounds.handlers.agent.protocol import mentioned_options
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.policies.base import SUMMARISER, MemoryPolicy, ask_or_fail
 from grandrounds.handlers.policies.fhir_lessons import fhir_terms
+from grandrounds.handlers.policies.precedents import review_text
 from grandrounds.handlers.policies.render import render_items
 from grandrounds.handlers.policies.retrosum.config import RetroSumPolicy
 from grandrounds.handlers.policies.retrosum.lessons import ExperienceDraft, LessonDraft, lesson_task, patient_context
@@ -79,6 +80,15 @@ def names_an_option(item: MemoryItem, case: Case) -> bool:
     return bool((answer_words - content_tokens(case.question)) & content_tokens(item.text))
 
 
+def reviewed(drafts: list[LessonDraft], case: Case, cfg: RetroSumPolicy) -> list[LessonDraft]:
+    """The actor lessons that may become memory: with `review_lessons`, an MCQ case's lessons that pass
+    the review gate (precedents.review_text against its options and confirmed answer)."""
+    options = getattr(case, "options", None)
+    if not (cfg.review_lessons and options):
+        return list(drafts)
+    return [d for d in drafts if review_text(d.text, case.question, options, case.answer) is None]
+
+
 def _lessons(drafts: list[LessonDraft], limit: int, default_trigger: list[str] | None) -> list[Lesson]:
     """Non-empty lessons, at most `limit`, duplicates dropped. Actor lessons without a trigger get
     the case's key terms; summariser lessons carry none (`default_trigger` None)."""
@@ -126,7 +136,7 @@ class RetroSumMemory(MemoryPolicy):
             return draft
         assert isinstance(draft, ExperienceDraft)
         terms = fhir_terms(case.instruction) if case.kind == "fhir" else key_terms(case.question)
-        actor = _lessons(draft.actor_lessons, cfg.max_actor_lessons, terms)
+        actor = _lessons(reviewed(draft.actor_lessons, case, cfg), cfg.max_actor_lessons, terms)
         summariser = _lessons(draft.summariser_lessons, cfg.max_summariser_lessons, None)
         if not (actor or summariser):
             return None  # nothing worth keeping: an empty experience would only crowd out others
