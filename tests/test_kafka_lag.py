@@ -4,19 +4,23 @@ at once, and the run still has the embedded `run --lag k`'s events and fingerpri
 
 The pinning itself, SIGKILLs and takeovers of lagged runs are tested with `sim` in test_kafka_cli.py,
 test_kafka_worker.py and test_kafka_replay.py; here the model is tests/fake_openai_server.py, slow and
-answering in parallel, with replies coming back in shuffled order.
+answering in parallel, with replies coming back in shuffled order: a worker stopped and replaced
+mid-run (fast), and worker processes SIGKILLed with cases ahead (slow: each process loads MiniLM).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from fake_openai_server import FakeOpenAI
-from kafka_fixtures import (completed_cases, kafka_broker, kafka_warm, running_worker,  # noqa: F401
-                            unique_prefix, wait_until)
-from llm_helpers import live_options, openai_spec
+from kafka_fixtures import (completed_cases, kafka_broker, kafka_warm, running_worker, spawn_worker,  # noqa: F401
+                            stop_worker, unique_prefix, wait_until)
+from llm_helpers import SECRET, live_options, openai_spec
 from grandrounds.app import run_cases
 from grandrounds.store.eventstore import EventStore
 from grandrounds.streams.producer import follow_run, submit_run
@@ -78,3 +82,65 @@ async def test_a_lagged_run_over_kafka_runs_ahead_and_equals_the_embedded_run(ka
     assert resumed.get("prefetched", 0) > 0, resumed
     assert first_in_flight >= 2 and fake.max_in_flight >= 2
     assert sum(served.values()) <= len(fake.requests) <= sum(served.values()) + 2 * (LAG + 1)
+
+
+@pytest.mark.slow
+async def test_sigkills_of_a_worker_with_cases_ahead_leave_the_embedded_bytes(kafka_broker, kafka_warm, tmp_path,
+                                                                               monkeypatch):
+    """`grandrounds worker` processes SIGKILLed while cases of a lag-2 run wait on the model ahead: each
+    restarted worker folds the pinned versions from its log and runs the next cases ahead again; what
+    was fetched ahead and lost is asked again, and the run ends with the embedded run's fingerprint."""
+    cases = kafka_warm.cases[:12]
+    spec = openai_spec().model_copy(update={"lag": LAG})
+    with FakeOpenAI(delay_s=0.1, jitter_s=0.05) as fake:
+        def embedded() -> str:
+            with EventStore(kafka_warm.worker_db(tmp_path, "embedded")) as store:
+                return run_cases(store, cases, spec, run_id="embedded",
+                                 backbone_options=live_options(fake)).summary["fingerprint"]
+
+        want = await asyncio.to_thread(embedded)
+        fake.max_in_flight = 0
+        monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+        boot, prefix = kafka_broker.bootstrap, unique_prefix()
+        topics = Topics(prefix)
+        db, log = kafka_warm.worker_db(tmp_path), tmp_path / "worker.log"
+        sub = await submit_run(boot, "crashed", spec, cases, topics=topics)
+        tail = AIOKafkaConsumer(bootstrap_servers=boot, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+        await tail.start()
+        tail.assign([TopicPartition(topics.changelog, sub.partition)])
+        await tail.seek_to_beginning()
+        completed: set[int] = set()
+
+        async def until(n: int, worker) -> None:
+            deadline = asyncio.get_running_loop().time() + 120
+            while len(completed) < n:
+                assert asyncio.get_running_loop().time() < deadline, log.read_text()[-3000:]
+                assert worker.poll() is None, log.read_text()[-3000:]
+                for records in (await tail.getmany(timeout_ms=200)).values():
+                    for rec in records:
+                        completed.update(e["payload"]["index"] for e in json.loads(rec.value)["events"]
+                                         if e["type"] == "case.completed")
+
+        worker = None
+        try:
+            for kill_at in (3, 7):  # with cases kill_at .. kill_at+2 in flight (ahead or in order)
+                worker = spawn_worker(boot, db, prefix, log, name="crashy", extra=("--base-url", fake.base_url))
+                await until(kill_at, worker)
+                assert len(completed) < len(cases), "the run ended before the kill"
+                worker.send_signal(signal.SIGKILL)
+                worker.wait(10)
+            worker = spawn_worker(boot, db, prefix, log, name="crashy", extra=("--base-url", fake.base_url))
+            await until(len(cases), worker)
+            # The last steps may be in the changelog before the file (a run goes on before the ack):
+            # a SIGTERM stops the worker once it has committed what it processed.
+        finally:
+            await tail.stop()
+            if worker is not None:
+                assert stop_worker(worker) == 0, log.read_text()[-3000:]
+    with EventStore(db, read_only=True) as store:
+        assert store.fingerprint("crashed") == want
+        events = store.read("crashed")
+        assert [e.case_id for e in events if e.type == "case.completed"] == [c.case_id for c in cases]
+        served = _served(store, "crashed")
+    assert served.get("prefetched", 0) > 0 and fake.max_in_flight >= 2, served
