@@ -184,6 +184,19 @@ async def wait_until(predicate, timeout: float, what: str, every: float = 0.05) 
         await asyncio.sleep(every)
 
 
+async def changelog_tail(bootstrap: str, topics, partition: int):
+    """A started consumer (no group) at the beginning of one changelog partition: a test follows a run's
+    batches on it as they land (stop it when done)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    tail = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                            auto_offset_reset="earliest")
+    await tail.start()
+    tail.assign([TopicPartition(topics.changelog, partition)])
+    await tail.seek_to_beginning()
+    return tail
+
+
 # --- subprocess workers --------------------------------------------------------------------
 
 

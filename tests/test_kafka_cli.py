@@ -10,10 +10,8 @@ import signal
 import time
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
-from kafka_fixtures import (grandrounds, kafka_broker, kafka_warm, spawn_worker, stop_worker,  # noqa: F401
-                            unique_prefix)
+from kafka_fixtures import (changelog_tail, grandrounds, kafka_broker, kafka_warm, spawn_worker,  # noqa: F401
+                            stop_worker, unique_prefix)
 from grandrounds.store.eventstore import EventStore
 from grandrounds.streams.topics import Topics, partition_for
 
@@ -86,11 +84,7 @@ async def test_sigkill_the_worker_at_random_points_then_resume(kafka_broker, kaf
     run_id = "crash-run"
     cases = kafka_warm.cases
     sub = await submit_run(boot, run_id, kafka_warm.spec_with(lag=lag), cases, topics=topics)
-    tail = AIOKafkaConsumer(bootstrap_servers=boot, group_id=None, enable_auto_commit=False,
-                            auto_offset_reset="earliest")
-    await tail.start()
-    tail.assign([TopicPartition(topics.changelog, sub.partition)])
-    await tail.seek_to_beginning()
+    tail = await changelog_tail(boot, topics, sub.partition)
     seen_completed: set[int] = set()
     batches = 0
 

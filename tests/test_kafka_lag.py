@@ -15,11 +15,9 @@ import json
 import signal
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from fake_openai_server import FakeOpenAI
-from kafka_fixtures import (completed_cases, kafka_broker, kafka_warm, running_worker, spawn_worker,  # noqa: F401
-                            stop_worker, unique_prefix, wait_until)
+from kafka_fixtures import (changelog_tail, completed_cases, kafka_broker, kafka_warm,  # noqa: F401
+                            running_worker, spawn_worker, stop_worker, unique_prefix, wait_until)
 from llm_helpers import SECRET, live_options, openai_spec
 from grandrounds.app import run_cases
 from grandrounds.store.eventstore import EventStore
@@ -105,11 +103,7 @@ async def test_sigkills_of_a_worker_with_cases_ahead_leave_the_embedded_bytes(ka
         topics = Topics(prefix)
         db, log = kafka_warm.worker_db(tmp_path), tmp_path / "worker.log"
         sub = await submit_run(boot, "crashed", spec, cases, topics=topics)
-        tail = AIOKafkaConsumer(bootstrap_servers=boot, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
-        await tail.start()
-        tail.assign([TopicPartition(topics.changelog, sub.partition)])
-        await tail.seek_to_beginning()
+        tail = await changelog_tail(boot, topics, sub.partition)
         completed: set[int] = set()
 
         async def until(n: int, worker) -> None:
