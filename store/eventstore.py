@@ -35,6 +35,11 @@ from grandrounds.store.dbfile import check_db_file
 from grandrounds.store.events import NewEvent, StoredEvent
 from grandrounds.store.sealing import SEALED_KEY, ContentErased, SealingCodec, default_codec, stored_form
 
+SCAN_PAGE = 2048
+"""Rows per query when a whole run is read in seq order (`EventStore._ordered`): DuckDB sorts a
+query's whole result, so the page bounds what one sort holds (2,048 rows of a 10k-case run: +23 MB
+peak where the one query took +69 MB; benchmarks/bench_memory_breakdown.py)."""
+
 GENESIS = integrity.GENESIS_V1
 """The genesis of v1 chains (files written before the chain covered run id and meta)."""
 
@@ -426,6 +431,41 @@ class EventStore:
         finally:
             cur.close()
 
+    def _ordered(self, columns: str, seq_at: int, run_id: str, after_seq: int | None = -1,
+                 upto_seq: int | None = None, page: int | None = None) -> Iterator[list[tuple]]:
+        """A run's rows in seq order, `page` rows a query (keyset: seq > the last one read, LIMIT page).
+
+        One `ORDER BY seq` over a whole run makes DuckDB sort every row, payloads included, before
+        the first comes back: a 10,000-case run's fingerprint raised peak RSS by ~70 MB, ~7 KB a
+        case (README, flat memory). A LIMIT keeps only a page in the sort. Same rows, same order.
+        The pages stop at the run's last seq when they start (`upto_seq` when given): rows up to
+        there are never rewritten (append-only), so what a writer appends meanwhile is left out, as
+        one query's snapshot would. Own cursor: the caller may write too."""
+        page = SCAN_PAGE if page is None else page
+        cur = self._root.cursor()
+        if upto_seq is None:
+            upto_seq = cur.execute("SELECT max(seq) FROM events WHERE run_id = ?", [run_id]).fetchone()[0]
+            if upto_seq is None:
+                cur.close()
+                return
+        tail = f" AND seq <= ? ORDER BY seq LIMIT {int(page)}"
+        sql = f"SELECT {columns} FROM events WHERE run_id = ? AND seq > ?{tail}"
+        try:
+            last = after_seq
+            while True:
+                if last is None:
+                    rows = cur.execute(f"SELECT {columns} FROM events WHERE run_id = ?{tail}",
+                                       [run_id, upto_seq]).fetchall()
+                else:
+                    rows = cur.execute(sql, [run_id, last, upto_seq]).fetchall()
+                if rows:
+                    yield rows
+                if len(rows) < page:
+                    return
+                last = int(rows[-1][seq_at])
+        finally:
+            cur.close()
+
     def runs(self) -> list[RunInfo]:
         rows = self.conn.execute(
             "SELECT run_id, count(*), max(seq) FROM events GROUP BY run_id ORDER BY run_id"
@@ -437,19 +477,13 @@ class EventStore:
 
     def fingerprint(self, run_id: str, upto_seq: int | None = None) -> str:
         """sha256 over the canonical JSON of (seq, type, payload) of the run's events; meta excluded."""
-        sql = "SELECT seq, type, payload FROM events WHERE run_id = ?"
-        params: list = [run_id]
-        if upto_seq is not None:
-            sql += " AND seq <= ?"
-            params.append(upto_seq)
         import hashlib
 
         h = hashlib.sha256()
-        cur = self._root.cursor()
+        rows = self._ordered("seq, type, payload", 0, run_id, upto_seq=upto_seq)
         try:
-            cur.execute(sql + " ORDER BY seq", params)
-            while rows := cur.fetchmany(10_000):
-                for seq, type_, payload in rows:
+            for page in rows:
+                for seq, type_, payload in page:
                     if self.codec is not None and SEALED_KEY in payload:
                         # The fingerprint is over plaintext: the same on every machine, sealed or not.
                         try:
@@ -462,7 +496,7 @@ class EventStore:
                     h.update(event_line(int(seq), type_, payload).encode("utf-8"))
                     h.update(b"\n")
         finally:
-            cur.close()
+            rows.close()
         return h.hexdigest()
 
     def verify_chain(self, run_id: str) -> int | None:
@@ -475,17 +509,14 @@ class EventStore:
         The version is read from the first row's chain value (v2 values say so); every later row
         must follow by the same rule, so a log cannot switch rules part-way through.
         """
-        cur = self._root.cursor()
         version: int | None = None
         chain = ""
         expected_seq = 0
         head_chain: str | None = None
+        pages = self._ordered("seq, type, schema_version, case_id, causation_seq, payload, meta, chain", 0, run_id,
+                              after_seq=None)
         try:
-            cur.execute(
-                "SELECT seq, type, schema_version, case_id, causation_seq, payload, meta, chain "
-                "FROM events WHERE run_id = ? ORDER BY seq", [run_id]
-            )
-            while rows := cur.fetchmany(10_000):
+            for rows in pages:
                 for seq, type_, schema, case_id, causation, payload, meta, stored in rows:
                     if version is None:
                         version = integrity.version_of(stored)
@@ -500,7 +531,7 @@ class EventStore:
                     head_chain = stored
                     expected_seq += 1
         finally:
-            cur.close()
+            pages.close()
         return ChainCheck(version, None, expected_seq, expected_seq - 1, head_chain)
 
     def save_offset(self, consumed: ConsumedOffset) -> None:
