@@ -44,6 +44,7 @@ from grandrounds.handlers.cases import load_cases, open_cases  # noqa: E402
 from grandrounds.handlers.policies.config import load_policy  # noqa: E402
 from grandrounds.handlers.runs import RunSpec  # noqa: E402
 from grandrounds.store.eventstore import EventStore  # noqa: E402
+from grandrounds.store.read_model import EventLog  # noqa: E402
 
 
 def trimmed_rss_mb() -> float:
@@ -99,13 +100,14 @@ def rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 2 ** 20
 conn = duckdb.connect(db)
-conn.execute("CREATE TABLE events (run_id VARCHAR NOT NULL, seq BIGINT NOT NULL, type VARCHAR NOT NULL, "
+# a scratch table of the same columns, named apart from the store's own `events`
+conn.execute("CREATE TABLE events_copy (run_id VARCHAR NOT NULL, seq BIGINT NOT NULL, type VARCHAR NOT NULL, "
              "schema_version INTEGER NOT NULL, case_id VARCHAR, causation_seq BIGINT, payload JSON NOT NULL, "
              "meta JSON NOT NULL, chain VARCHAR NOT NULL" + (", PRIMARY KEY (run_id, seq))" if pk else ")"))
 start, out, lo = rss_mb(), [], 0
 for cases, groups in bounds:
     for hi in groups:
-        conn.execute("INSERT INTO events SELECT * FROM read_parquet(?) WHERE seq >= ? AND seq < ?", [pq, lo, hi])
+        conn.execute("INSERT INTO events_copy SELECT * FROM read_parquet(?) WHERE seq >= ? AND seq < ?", [pq, lo, hi])
         lo = hi
     tags = dict(conn.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall())
     out.append({"cases": cases, "rss_growth_mb": round(rss_mb() - start, 1),
@@ -117,15 +119,17 @@ print(json.dumps(out))
 
 def isolate_index(store: EventStore, run_id: str, at: list[int], work: Path, group: int = 64) -> dict:
     """The run's events appended again into scratch files with and without the PRIMARY KEY."""
-    conn = store.conn
-    firsts = [r[0] for r in conn.execute(
-        "SELECT min(seq) FROM events WHERE run_id = ? AND case_id IS NOT NULL GROUP BY case_id ORDER BY 1",
-        [run_id]).fetchall()]
-    end = conn.execute("SELECT max(seq) + 1 FROM events WHERE run_id = ?", [run_id]).fetchone()[0]
-    starts = [*firsts, end]  # the first seq of each case, then the end: case k is starts[k]..starts[k+1]
+    log = EventLog(store)  # rows as stored, through the read model (no SQL over `events` up here)
+    first_of_case: dict[str, int] = {}
+    end = 0
+    for row in log.stored_rows([run_id]):
+        seq, case_id = row[1], row[4]
+        end = seq + 1
+        if case_id is not None:
+            first_of_case.setdefault(case_id, seq)
+    starts = [*sorted(first_of_case.values()), end]  # case k is starts[k]..starts[k+1], then the end
     pq = work / "events.parquet"
-    conn.execute(f"COPY (SELECT * FROM events WHERE run_id = ? ORDER BY seq) TO '{pq}' "
-                 "(FORMAT parquet, ROW_GROUP_SIZE 2048)", [run_id])
+    log.copy_to_parquet([run_id], str(pq))
     bounds, done = [], 0
     for cases in at:
         cut = min(cases, len(starts) - 1)
