@@ -48,7 +48,11 @@ def fetch(cache_dir, as_json):
               help="Reuse the cached prefix a request shares with the last one (a task's next round): much "
                    "faster on long prompts, but a rerun against the server may get other replies; verify and "
                    "replay use the recorded exchanges either way.")
-def serve(cache_dir, port, threads, ctx, cache_prompt):
+@click.option("--parallel", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Slots answering requests at once (llama.cpp -np), each with --ctx tokens: throughput for "
+                   "`run --lag k` (use k+1). Replies may then depend on how concurrent requests were batched; "
+                   "verify and replay use the recorded exchanges either way.")
+def serve(cache_dir, port, threads, ctx, cache_prompt, parallel):
     """Serve the fetched model on 127.0.0.1 (OpenAI-compatible) until Ctrl-C or SIGTERM."""
     from grandrounds.local_model import (MODEL_ALIAS, LocalModelError, LocalModelServer, model_path,
                                          unavailable_reason)
@@ -57,7 +61,7 @@ def serve(cache_dir, port, threads, ctx, cache_prompt):
     if reason:
         fail(reason, 1, False)
     server = LocalModelServer(Path(model_path(cache_dir)), port=port, threads=threads, n_ctx=ctx,
-                              cache_prompt=cache_prompt)
+                              cache_prompt=cache_prompt, parallel=parallel)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -11,7 +11,9 @@ Server: the prebuilt `xllamacpp` wheel (llama.cpp's OpenAI-compatible HTTP serve
 started as its own process (`python -m grandrounds.local_model_server`) so that a test fixture or a
 user can start and stop it like any server. Prompt caching is off (`cache_prompt=False`,
 `cache_ram_mib=0`): only then are temperature-0 replies byte-identical across requests. One slot
-(`n_parallel=1`): concurrent requests would be batched and their replies would depend on the batching.
+(`n_parallel=1`) by default: concurrent requests would be batched and their replies would depend on the
+batching. `parallel=N` serves N requests at once (the throughput `--lag k` needs), each slot with the
+full context; a run through it is still verified from its recorded exchanges.
 
 A 1.5 B coder model: it exercises the real path (prompts, structured outputs, recording, verify); its
 scores are not clinical accuracy.
@@ -221,6 +223,9 @@ class LocalModelServer:
     log_file: Path | None = None
     cache_prompt: bool = False
     """Reuse the KV cache of a shared prompt prefix: faster, replies no longer byte-identical on a rerun."""
+    parallel: int = 1
+    """Slots answering requests at once (llama.cpp `-np`), each with `n_ctx` tokens: throughput for `--lag k`;
+    replies may then depend on how concurrent requests were batched."""
     proc: subprocess.Popen | None = None
     url: str | None = None
 
@@ -242,6 +247,8 @@ class LocalModelServer:
                "--port", str(self.port), "--threads", str(self.threads), "--ctx", str(self.n_ctx)]
         if self.cache_prompt:
             cmd.append("--cache-prompt")
+        if self.parallel != 1:  # one slot: the command line it always had
+            cmd += ["--parallel", str(self.parallel)]
         err = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)

@@ -3,7 +3,8 @@
 Loads the GGUF into `xllamacpp.Server` (llama.cpp's server, OpenAI-compatible `/v1/chat/completions`
 and `/health`) on 127.0.0.1, prints `listening URL` on stdout once loaded, and serves until SIGTERM or
 SIGINT. Settings are the ones that make temperature-0 replies byte-identical (../shared/LOCAL_MODEL.md):
-prompt caching off (unless --cache-prompt), one slot. Kept apart from local_model.py so importing the fetcher never loads
+prompt caching off (unless --cache-prompt), one slot (unless --parallel N: N slots, for `--lag k`
+throughput; concurrent requests are then batched and replies may differ). Kept apart from local_model.py so importing the fetcher never loads
 llama.cpp, and so the parent can stop the server with a signal like any server.
 """
 
@@ -15,7 +16,10 @@ import sys
 import threading
 
 
-def build_params(model: str, port: int, threads: int, n_ctx: int, alias: str, cache_prompt: bool = False):
+def build_params(model: str, port: int, threads: int, n_ctx: int, alias: str, cache_prompt: bool = False,
+                 parallel: int = 1):
+    """`n_ctx` is per slot: llama.cpp splits its context evenly across the `parallel` slots, so the
+    server gets `n_ctx * parallel` and every slot keeps the prompt room one slot has."""
     import xllamacpp
 
     p = xllamacpp.CommonParams()
@@ -23,8 +27,11 @@ def build_params(model: str, port: int, threads: int, n_ctx: int, alias: str, ca
     p.model_alias = {alias}  # a set of names in this binding (a str would become a set of its letters)
     p.hostnames = ["127.0.0.1"]
     p.port = port
-    p.n_ctx = n_ctx
-    p.n_parallel = 1
+    p.n_ctx = n_ctx * parallel
+    # One slot by default: requests are answered one at a time, so a temperature-0 reply does not
+    # depend on what else was in flight. N slots answer N requests at once (what `--lag k` needs to
+    # gain anything); their replies can then depend on the batching.
+    p.n_parallel = parallel
     p.cpuparams.n_threads = threads
     p.cpuparams_batch.n_threads = threads
     # Off by default: with the cache on, the same request can get another reply after a warm-up, so a
@@ -50,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=N_CTX)
     ap.add_argument("--alias", default=MODEL_ALIAS)
     ap.add_argument("--cache-prompt", action="store_true")
+    ap.add_argument("--parallel", type=int, default=1)
     args = ap.parse_args(argv)
 
     stop = threading.Event()
@@ -59,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     import xllamacpp
 
     server = xllamacpp.Server(build_params(args.model, args.port, args.threads, args.ctx, args.alias,
-                                            args.cache_prompt))
+                                            args.cache_prompt, args.parallel))
     addr = server.listening_address
     url = addr if addr.startswith("http") else f"http://{addr}"
     print(f"listening {url.rstrip('/')}", flush=True)

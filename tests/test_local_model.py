@@ -237,3 +237,56 @@ def test_prompt_cache_is_off_unless_asked(monkeypatch):
         with pytest.raises(lm.LocalModelError):
             lm.LocalModelServer(lm.Path("m.gguf"), cache_prompt=flag).start(timeout=1)
     assert "--cache-prompt" not in started[0] and started[1][-1] == "--cache-prompt"
+
+
+def test_parallel_slots_reach_the_server_params_each_with_the_full_context(monkeypatch, tmp_path):
+    """`model serve --parallel N` → LocalModelServer(parallel=N) → `local_model_server --parallel N` →
+    n_parallel = N and N × ctx tokens (llama.cpp splits the context across slots); default: one slot,
+    the command line it always had."""
+    xllamacpp = pytest.importorskip("xllamacpp")
+    import grandrounds.local_model_server as lms
+
+    monkeypatch.setattr(lms.signal, "signal", lambda *_: None)  # neither command may keep pytest's handlers
+    started = []
+
+    def start(self, timeout=0):
+        started.append(self)
+        raise lm.LocalModelError("not started in this test")
+
+    monkeypatch.setattr(lm, "unavailable_reason", lambda _dir=None: None)
+    monkeypatch.setattr(lm.LocalModelServer, "start", start)
+    for extra in ([], ["--parallel", "3"]):
+        r = CliRunner().invoke(main, ["model", "serve", "--dir", str(tmp_path), "--ctx", "1024", *extra])
+        assert r.exit_code == 1 and "not started in this test" in r.output
+    assert [s.parallel for s in started] == [1, 3]
+    monkeypatch.undo()  # the real start() builds the child's command line
+
+    monkeypatch.setattr(lms.signal, "signal", lambda *_: None)
+    commands = []
+
+    class Proc:
+        returncode = 1
+        stdout = None
+
+        def poll(self):
+            return 1
+
+    monkeypatch.setattr(lm.subprocess, "Popen", lambda cmd, **kw: commands.append(cmd) or Proc())
+    monkeypatch.setattr(lm, "_readline", lambda proc, timeout: "")
+    for server in started:
+        with pytest.raises(lm.LocalModelError):
+            server.start(timeout=1)
+    assert "--parallel" not in commands[0] and commands[1][-2:] == ["--parallel", "3"]
+
+    params = []
+
+    def server(p):
+        params.append(p)
+        raise RuntimeError("not served in this test")
+
+    monkeypatch.setattr(xllamacpp, "Server", server)
+    for cmd in commands:  # the child's own argument parsing, as `python -m grandrounds.local_model_server`
+        assert cmd[1:3] == ["-m", "grandrounds.local_model_server"]
+        with pytest.raises(RuntimeError, match="not served"):
+            lms.main(cmd[3:])
+    assert [(p.n_parallel, p.n_ctx) for p in params] == [(1, 1024), (3, 3072)]
