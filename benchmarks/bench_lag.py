@@ -17,6 +17,21 @@ end) or `--broker kafka://…` (one already running), every run is also made ove
 the embedded ones: one `grandrounds worker` process (its own DuckDB file, the same fake model), the
 run submitted and followed through the changelog as `run --broker` does, timed from the submit to its
 last event imported. Its fingerprint must be the embedded run's for the same k (checked).
+
+    python benchmarks/bench_lag.py --base-url http://127.0.0.1:18090/v1 --model qwen2.5-coder-1.5b-instruct
+                                   [--cases 8] [--lags 0,1,3] [--rounds 2] [--policy none] [--timeout 1800] [--json]
+
+With `--base-url URL --model NAME` no fake is started: the same k sweep runs against that
+OpenAI-compatible endpoint (a real model: `grandrounds model serve --parallel N`, llama.cpp `-np N`)
+on the real-model benchmark's recurring MCQ stream (benchmarks/bench_real_model.py's held-out file,
+examples/recurring_test.jsonl, its first `--cases`), the answer decoding chosen as `grandrounds run
+--actions auto` does (one json_schema probe). The warm-up is a `sim` run per policy (it loads MiniLM
+and DuckDB, asks the model nothing). Printed per policy and k: seconds per case and cases/s (median),
+the ratio to the first k, correct answers, replies served ahead, the fingerprint, and whether the
+rounds of that k gave the same fingerprint. Only a one-slot server answers byte-identically: the
+script reads the server's slot count from llama.cpp's `/props` and exits 1 if a one-slot server's
+rounds disagree; with several slots concurrent requests are batched, replies may differ, and a
+disagreement is reported, not failed (each run is still verified from its recorded exchanges).
 """
 
 from __future__ import annotations
@@ -142,6 +157,97 @@ def start_broker(directory: Path):
     return DevBroker(libs, data=directory / "kafka", port=_free_port(), controller_port=_free_port()).start()
 
 
+def _slots(base_url: str) -> int | None:
+    """The server's parallel slots, from llama.cpp's `/props` (`total_slots`); None if it does not say."""
+    import urllib.request
+
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(f"{root}/props", timeout=10) as r:
+            slots = json.loads(r.read()).get("total_slots")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return slots if isinstance(slots, int) else None
+
+
+def endpoint_run(base_url: str, model: str, actions: dict, timeout: float, cases, policy: str, lag: int,
+                 directory: Path) -> dict:
+    """One run of `cases` against a given OpenAI-compatible endpoint (no fake: nothing counted server-side)."""
+    from grandrounds.handlers.llm.gateway import RetryPolicy
+
+    spec = RunSpec(policy=load_policy(policy), backbone="openai", model=model, seed=0, lag=lag, actions=actions)
+    with EventStore(directory / f"{policy}-lag{lag}-{time.monotonic_ns()}.duckdb") as store:
+        t0 = time.perf_counter()
+        outcome = run_cases(store, cases, spec, cache=make_cache(store),
+                            backbone_options={"base_url": base_url, "timeout": timeout, "retry": RetryPolicy(),
+                                              "api_key": os.environ.get("OPENAI_API_KEY", "not-needed")})
+        dt = time.perf_counter() - t0
+        served = _served(store, outcome.summary["run_id"])
+        return {"seconds": dt, "cases_per_s": len(cases) / dt, "s_per_case": dt / len(cases),
+                "exchanges": sum(served.values()), "prefetched": served.get("prefetched", 0),
+                "correct": outcome.summary["correct"], "failed": outcome.summary.get("failed", 0),
+                "fingerprint": outcome.summary["fingerprint"]}
+
+
+def endpoint_main(args, lags: list[int], policies: list[str]) -> int:
+    """The k sweep against `--base-url` (see the module's doc); 1 if a one-slot server's rounds disagree."""
+    from benchmarks.bench_real_model import TEST
+    from grandrounds.backbone_choice import choose_actions
+
+    cases = load_cases(TEST)[0][:args.cases]
+    directory = bench_dir("grandrounds-bench-lag-")
+    slots = _slots(args.base_url)
+    actions = choose_actions("auto", args.model, args.base_url, args.timeout)  # as `run --actions auto`
+    for policy in policies:  # warm-up, not timed, no model call: MiniLM, DuckDB, the policy's code
+        with EventStore(directory / f"warmup-{policy}.duckdb") as store:
+            run_cases(store, cases, RunSpec(policy=load_policy(policy), seed=0), cache=make_cache(store))
+    rows: dict[tuple[str, int], list[dict]] = {}
+    for _ in range(args.rounds):
+        for policy in policies:
+            for lag in lags:  # alternating, so a busy moment of the machine hits every k alike
+                run = endpoint_run(args.base_url, args.model, actions, args.timeout, cases, policy, lag, directory)
+                rows.setdefault((policy, lag), []).append(run)
+                if not args.json:
+                    print(f"  {policy} k={lag}: {run['s_per_case']:.2f} s/case, {run['correct']}/{len(cases)} correct, "
+                          f"{run['prefetched']}/{run['exchanges']} served ahead, {run['fingerprint'][:12]}", flush=True)
+    table = []
+    for policy in policies:
+        base = statistics.median(r["cases_per_s"] for r in rows[(policy, lags[0])])
+        for lag in lags:
+            runs = rows[(policy, lag)]
+            prints = [r["fingerprint"] for r in runs]
+            cps = statistics.median(r["cases_per_s"] for r in runs)
+            table.append({"policy": policy, "lag": lag, "cases_per_s": round(cps, 4),
+                          "s_per_case": round(statistics.median(r["s_per_case"] for r in runs), 2),
+                          "ratio": round(cps / base, 2), "correct": [r["correct"] for r in runs],
+                          "failed": [r["failed"] for r in runs], "exchanges": runs[-1]["exchanges"],
+                          "prefetched": runs[-1]["prefetched"], "rounds_agree": len(set(prints)) == 1,
+                          "fingerprints": [p[:12] for p in prints]})
+    disagree = [r for r in table if not r["rounds_agree"]]
+    if args.json:
+        print(json.dumps({"base_url": args.base_url, "model": args.model, "slots": slots, "stream": TEST.name,
+                          "cases": len(cases), "rounds": args.rounds, "actions": actions, "rows": table}))
+    else:
+        print(f"\n{len(cases)} cases of {TEST.name}, {args.model} at {args.base_url} "
+              f"({slots if slots is not None else 'unknown'} slot(s)), {actions['mode']} answers, "
+              f"median of {args.rounds} rounds")
+        print(f"{'policy':<13} {'lag':>3} {'s/case':>7} {'cases/s':>8} {'× lag ' + str(lags[0]):>8} {'correct':>9} "
+              f"{'served ahead':>13} {'rounds agree':>13}  fingerprint")
+        for r in table:
+            correct = ",".join(str(c) for c in r["correct"]) + f"/{len(cases)}"  # per round
+            print(f"{r['policy']:<13} {r['lag']:>3} {r['s_per_case']:>7.2f} {r['cases_per_s']:>8.3f} {r['ratio']:>8.2f} "
+                  f"{correct:>9} {r['prefetched']:>6}/{r['exchanges']:<6} {'yes' if r['rounds_agree'] else 'no':>13}  "
+                  f"{' '.join(dict.fromkeys(r['fingerprints']))}")
+        if disagree and slots != 1:
+            print("rounds that disagree: a multi-slot server batches concurrent requests, so its replies can "
+                  "differ between rounds (each run is still verified from its recorded exchanges)")
+    if disagree and slots == 1:
+        print(f"a one-slot server gave different fingerprints for the same k: "
+              f"{[(r['policy'], r['lag']) for r in disagree]}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=24)
@@ -153,11 +259,20 @@ def main() -> None:
     where.add_argument("--kafka", action="store_true", help="also over Kafka, on a broker started here")
     where.add_argument("--broker", help="also over Kafka, on this broker (kafka://HOST:PORT)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--base-url", help="run against this OpenAI-compatible endpoint instead of the fake (with --model)")
+    ap.add_argument("--model", help="with --base-url: the model name requests carry")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="with --base-url: seconds per model request")
     args = ap.parse_args()
     if args.broker and not args.broker.startswith("kafka://"):
         raise SystemExit("--broker takes kafka://HOST:PORT")
     lags = [int(x) for x in args.lags.split(",")]
     policies = args.policies or ["evo-medagent", "none"]
+    if args.base_url or args.model:
+        if not (args.base_url and args.model):
+            ap.error("--base-url and --model go together")
+        if args.kafka or args.broker:
+            ap.error("--base-url runs embedded only (not with --kafka / --broker)")
+        sys.exit(endpoint_main(args, lags, policies))
     cases = load_cases(ROOT / "examples" / "cases.jsonl")[0][:args.cases]
     directory = bench_dir("grandrounds-bench-lag-")
     modes = ["embedded"] + (["kafka"] if args.kafka or args.broker else [])
