@@ -1,7 +1,8 @@
 """Where resident memory goes as a run grows (issue 17 item 4): one in-process run, sampled every N cases.
 
     python benchmarks/bench_memory_breakdown.py [--cases 5000] [--every 1000 | --at 1000,3000,10000]
-                                                [--policy evo-medagent] [--no-events-pk] [--isolate-index] [--json]
+                                                [--policy evo-medagent] [--no-events-pk] [--isolate-index]
+                                                [--heap-sites N [--frames 8]] [--json]
 
 The example cases repeated under new ids (as bench_memory.py), sim backbone, MiniLM with a warm
 cache (a 78-case run first embeds every text). Printed per sample, side by side: resident memory
@@ -17,7 +18,9 @@ buffer pool, IN_MEMORY_TABLE rows committed to the WAL but not checkpointed into
 "trimmed" is RSS growth after glibc's malloc_trim (free pages handed back). `--duckdb-set
 checkpoint_threshold=1MB --duckdb-set memory_limit=16MB` measures DuckDB settings. The
 Python heap is split per source file of grandrounds (what grew most between the first and the last
-sample). `--no-events-pk` runs the same thing with `events` created without its PRIMARY KEY (a
+sample); `--heap-sites N` also prints the N allocation sites (tracebacks of `--frames` frames,
+grandrounds' own frames shown) whose live bytes grew most between the first and the last sample,
+the way to find per-case state kept in memory. `--no-events-pk` runs the same thing with `events` created without its PRIMARY KEY (a
 measurement only: that store has lost its guard against two writers appending the same seq).
 `--isolate-index` then appends the run's events again, in a fresh process per variant, into a
 scratch DuckDB file with and without the PRIMARY KEY (`INSERT ... SELECT` from a Parquet copy, 64
@@ -92,6 +95,24 @@ def heap_by_file(snapshot: tracemalloc.Snapshot) -> dict[str, int]:
     return out
 
 
+def heap_sites(first: tracemalloc.Snapshot, last: tracemalloc.Snapshot, n: int, span: int) -> list[dict]:
+    """The n tracebacks whose live bytes grew most from `first` to `last`, per case; innermost frame first,
+    frames outside grandrounds kept only as the innermost one (where the bytes were allocated)."""
+    out = []
+    for stat in last.compare_to(first, "traceback")[:n]:
+        if stat.size_diff <= 0:
+            break
+        frames = []
+        for i, fr in enumerate(reversed(stat.traceback)):  # innermost first
+            mine = fr.filename.startswith(str(ROOT))
+            if i == 0 or mine:
+                name = str(Path(fr.filename).relative_to(ROOT)) if mine else Path(fr.filename).name
+                frames.append(f"{name}:{fr.lineno}")
+        out.append({"bytes_per_case": round(stat.size_diff / span, 1),
+                    "count_per_case": round(stat.count_diff / span, 2), "frames": frames})
+    return out
+
+
 ISOLATE = """
 import json, sys
 import duckdb
@@ -155,6 +176,9 @@ def main() -> None:
                     help="a DuckDB setting for the run's file, e.g. checkpoint_threshold=1MB, memory_limit=64MB")
     ap.add_argument("--isolate-index", action="store_true",
                     help="then append the run's events into scratch files with and without the PRIMARY KEY")
+    ap.add_argument("--heap-sites", type=int, default=0, metavar="N",
+                    help="print the N allocation sites whose live bytes grew most, first to last sample")
+    ap.add_argument("--frames", type=int, default=8, help="traceback depth traced for --heap-sites")
     ap.add_argument("--policy", default="evo-medagent")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -184,15 +208,19 @@ def main() -> None:
     run_cases(store, cases[:78], spec, run_id="warm")  # loads MiniLM (if needed) and warms the cache
     gc.collect()
     start = trimmed_rss_mb()
-    tracemalloc.start()
+    tracemalloc.start(a.frames if a.heap_sites else 1)
     rows: list[dict] = []
     holder: dict = {}
     heaps: list[dict[str, int]] = []
+    snaps: list[tracemalloc.Snapshot] = []  # first and last, for --heap-sites
 
     def on_case(index: int, ok: bool) -> None:
         if index + 1 in at:
             tags = duckdb_tags(store.conn)
-            heaps.append(heap_by_file(tracemalloc.take_snapshot()))
+            snap = tracemalloc.take_snapshot()
+            heaps.append(heap_by_file(snap))
+            if a.heap_sites:
+                snaps[min(len(snaps), 1):] = [snap]  # keep the first and the latest
             rows.append({"cases": index + 1, "rss_mb": round(rss_mb(), 1),
                          "rss_growth_mb": round(rss_mb() - start, 1),
                          "duckdb_mb": round(sum(tags.values()), 1), "duckdb": tags,
@@ -227,6 +255,8 @@ def main() -> None:
            "streamed_kb_per_case": round(streamed_mb * 1024 / a.cases, 3), "memory_items": items, "samples": rows,
            "peak_rss_after_run_mb": round(peak_end, 1),
            "heap_growth_kb_per_1000_cases": grew}
+    if a.heap_sites and len(snaps) == 2:
+        out["heap_sites"] = heap_sites(snaps[0], snaps[1], a.heap_sites, rows[-1]["cases"] - rows[0]["cases"])
     if a.isolate_index:
         out["isolated_index"] = isolate_index(store, "big", at, work)
     if a.json:
@@ -251,6 +281,9 @@ def main() -> None:
     if grew:
         print(f"Python heap growth, KB per 1,000 cases, {rows[0]['cases']} -> {rows[-1]['cases']}: "
               + ", ".join(f"{k} {v}" for k, v in grew.items()))
+    for site in out.get("heap_sites", []):
+        print(f"  +{site['bytes_per_case']:>7} B/case, +{site['count_per_case']:>6} blocks/case  "
+              + " <- ".join(site["frames"]))
     if a.isolate_index:
         iso = out["isolated_index"]
         print(f"the run's {iso['events']} events appended again into a scratch file (fresh process each):")

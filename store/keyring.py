@@ -27,6 +27,9 @@ import os
 import secrets
 import threading
 from pathlib import Path
+from typing import Iterator
+
+import numpy as np
 
 from grandrounds.store.errors import InvalidInput
 
@@ -59,6 +62,98 @@ def keys_path_for(db_path: str) -> Path | None:
     return Path(db_path + ".keys")
 
 
+class _KeyTable:
+    """ref -> key for every subject of a file, 48 bytes a subject instead of ~180 in a dict.
+
+    Every case is a subject of its own unless it names one, so the key ring grew with the run (a
+    dict of hex refs and key bytes: ~180 B a case, README "flat memory"). Refs made by `KeyRing.ref`
+    (32 hex digits) and 32-byte keys go, past `merge_at` recent ones, into sorted numpy arrays (the
+    ref as two big-endian 64-bit halves, the key as 32 raw bytes); anything else stays in a dict.
+    """
+
+    merge_at = 4096
+
+    def __init__(self) -> None:
+        self._recent: dict[str, bytes] = {}
+        self._hi = np.empty(0, dtype=np.uint64)  # sorted by (hi, lo)
+        self._lo = np.empty(0, dtype=np.uint64)
+        self._key = np.empty((0, 32), dtype=np.uint8)
+
+    @staticmethod
+    def _halves(ref: str) -> tuple[int, int] | None:
+        if len(ref) != 32:
+            return None
+        try:
+            raw = bytes.fromhex(ref)
+        except ValueError:
+            return None
+        if raw.hex() != ref:  # upper case or spaces: not how refs are written, keep it verbatim
+            return None
+        return int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:], "big")
+
+    def _find(self, ref: str) -> int | None:
+        h = self._halves(ref)
+        if h is None or not len(self._hi):
+            return None
+        hi, lo = np.uint64(h[0]), np.uint64(h[1])
+        start, end = np.searchsorted(self._hi, hi, "left"), np.searchsorted(self._hi, hi, "right")
+        if start == end:
+            return None
+        at = start + int(np.searchsorted(self._lo[start:end], lo, "left"))
+        return at if at < end and self._lo[at] == lo else None
+
+    def get(self, ref: str) -> bytes | None:
+        found = self._recent.get(ref)
+        if found is not None:
+            return found
+        at = self._find(ref)
+        return None if at is None else self._key[at].tobytes()
+
+    def __contains__(self, ref: str) -> bool:
+        return self.get(ref) is not None
+
+    def __len__(self) -> int:
+        return len(self._recent) + len(self._hi)
+
+    def __setitem__(self, ref: str, key: bytes) -> None:
+        self.pop(ref)
+        self._recent[ref] = key
+        if len(self._recent) >= self.merge_at:
+            self._merge()
+
+    def __delitem__(self, ref: str) -> None:
+        if self.pop(ref) is None:
+            raise KeyError(ref)
+
+    def pop(self, ref: str, default: bytes | None = None) -> bytes | None:
+        if ref in self._recent:
+            return self._recent.pop(ref)
+        at = self._find(ref)
+        if at is None:
+            return default
+        key = self._key[at].tobytes()
+        self._hi, self._lo, self._key = (np.delete(a, at, axis=0) for a in (self._hi, self._lo, self._key))
+        return key
+
+    def _merge(self) -> None:
+        move = [(self._halves(r), k) for r, k in self._recent.items()]
+        keep = {r: k for (h, k), r in zip(move, self._recent) if h is None or len(k) != 32}
+        move = [(h, k) for h, k in move if h is not None and len(k) == 32]
+        if move:
+            hi = np.concatenate([self._hi, np.array([h[0] for h, _ in move], dtype=np.uint64)])
+            lo = np.concatenate([self._lo, np.array([h[1] for h, _ in move], dtype=np.uint64)])
+            key = np.concatenate([self._key, np.frombuffer(b"".join(k for _, k in move), dtype=np.uint8).reshape(-1, 32)])
+            order = np.lexsort((lo, hi))
+            self._hi, self._lo, self._key = hi[order], lo[order], key[order]
+        self._recent = keep
+
+    def items(self) -> Iterator[tuple[str, bytes]]:
+        for i in range(len(self._hi)):
+            ref = (int(self._hi[i]).to_bytes(8, "big") + int(self._lo[i]).to_bytes(8, "big")).hex()
+            yield ref, self._key[i].tobytes()
+        yield from list(self._recent.items())
+
+
 class KeyRing:
     """The key file of one database (loaded lazily; created on the first key written)."""
 
@@ -66,7 +161,7 @@ class KeyRing:
         self.path = Path(path)
         self.read_only = read_only
         self._secret: bytes | None = None
-        self._keys: dict[str, bytes] = {}
+        self._keys = _KeyTable()
         self._erased: set[str] = set()
         self._lock = threading.Lock()
         self._loaded = False
@@ -98,7 +193,7 @@ class KeyRing:
 
     def reload(self) -> None:
         with self._lock:
-            self._secret, self._keys, self._erased = None, {}, set()
+            self._secret, self._keys, self._erased = None, _KeyTable(), set()
             self._load()
 
     def _ensure_loaded(self) -> None:
@@ -177,8 +272,9 @@ class KeyRing:
                     # An erased subject seen again (a new case about them) starts a new key: the old
                     # content stays unreadable, the tombstone stays in the file.
                     self._erased.discard(r)
-                    self._keys[r] = secrets.token_bytes(32)
-                    new.append({"ref": r, "key": _b64(self._keys[r])})
+                    key = secrets.token_bytes(32)
+                    self._keys[r] = key
+                    new.append({"ref": r, "key": _b64(key)})
             if new:
                 if self.read_only:
                     raise KeyRingError(f"{self.path}: cannot add keys to a read-only database's key file")

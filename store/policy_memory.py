@@ -39,14 +39,23 @@ PartFactory = Callable[[int, int], PolicyMemory]
 """(dim, exact_limit) -> a new, empty part."""
 
 _PARTS: dict[str, PartFactory | None] = {}
+_NO_RETRIEVAL: set[str] = set()
 
 
-def register_part(policy_name: str, factory: PartFactory | None) -> None:
+def register_part(policy_name: str, factory: PartFactory | None, retrieves: bool = True) -> None:
     """Declare the memory part of a policy; None: the policy keeps no memory of its own beyond the
-    common fold (store/memory_state.py)."""
+    common fold (store/memory_state.py). `retrieves=False`: the policy never draws on memory, so
+    its runs need no leakage guard, and the projection keeps no per-case content keys for it."""
     if policy_name in _PARTS and _PARTS[policy_name] is not factory:
         raise ValueError(f"policy {policy_name!r} registered two memory parts")
     _PARTS[policy_name] = factory
+    if not retrieves:
+        _NO_RETRIEVAL.add(policy_name)
+
+
+def retrieves(policy_name: str) -> bool:
+    """Whether the policy's runs consult memory (and with it the leakage guard by content)."""
+    return policy_name not in _NO_RETRIEVAL
 
 
 def import_part(policy_name) -> None:

@@ -21,7 +21,7 @@ from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.events import EventPayload, StoredEvent, payload_class, upcast
 from grandrounds.store.memory_state import MemoryState
-from grandrounds.store.policy_memory import import_part, part_for
+from grandrounds.store.policy_memory import import_part, part_for, retrieves
 from grandrounds.store.safe_codec import CheckpointFormatError, decode, encode
 
 PROJECTION_VERSION = 5  # 2: policy memory parts, memory.seeded; 3: safe checkpoint format (pickles refused);
@@ -36,6 +36,11 @@ CHECKPOINT_SCHEMA = """CREATE TABLE IF NOT EXISTS checkpoints (
 
 class MemoryProjection:
     _checkpoint_skip = ("_cache",)  # the embedding cache is bound after loading, never saved
+    notes_content = True
+    """Whether the content keys of cases are kept (`content_of`): only the leakage guard reads them,
+    and only policies that retrieve consult it. A policy that never retrieves (`none`) keeps none:
+    they were ~0.2 KB a case that never left memory (README, flat memory). Set at `run.started`;
+    a class default, so checkpoints written before it was an attribute decode as they did."""
 
     def __init__(self, dim: int, exact_limit: int = 4096):
         self.dim = dim
@@ -67,7 +72,7 @@ class MemoryProjection:
         return frozenset((case_id, *self.cases_by_content.get(key, ()))) if key else frozenset((case_id,))
 
     def _note_content(self, case_id: str, key: str | None) -> None:
-        if key is None or case_id in self.content_of:
+        if key is None or not self.notes_content or case_id in self.content_of:
             return
         self.content_of[case_id] = key
         self.cases_by_content.setdefault(key, []).append(case_id)
@@ -85,10 +90,11 @@ class MemoryProjection:
         if isinstance(payload, ev.MemorySeeded):
             self._seed(seq, payload)
             return
-        if isinstance(payload, ev.CaseReceived):
+        if isinstance(payload, ev.CaseReceived) and self.notes_content:
             self._note_content(payload.case.get("case_id", ""), content_key(payload.case))
         if isinstance(payload, ev.RunStarted):
             self.state.policy_memory = part_for(payload.policy_name, self.dim, self.exact_limit)
+            self.notes_content = retrieves(payload.policy_name)
         self.state.apply(seq, payload)
         if self.state.policy_memory is not None:
             self.state.policy_memory.apply(seq, payload, self.embed)

@@ -111,3 +111,61 @@ def test_checkpoints_thin_out_as_the_run_grows(tmp_path, monkeypatch):
         assert written[5:] == [40]
         opened = open_projection(store, "r", cache)
         assert opened.how == "checkpoint" and opened.projection.state == rebuild(store, "r", cache).state
+
+
+def test_a_policy_that_never_retrieves_keeps_no_content_keys(tmp_path):
+    from grandrounds.app import run_cases
+    from grandrounds.handlers.cases import Case
+    from grandrounds.handlers.policies.config import load_policy
+    from grandrounds.handlers.runs import RunSpec
+    from grandrounds.store.embeddings import EmbeddingCache
+    from grandrounds.store.eventstore import EventStore
+    from grandrounds.store.projection import open_projection, rebuild
+    import grandrounds.streams.embedded as embedded
+    from tests.llm_helpers import HashEmbedder
+
+    cases = [Case(case_id=f"c{i}", kind="mcq", question=f"Which organ {i % 5} case {i}?",
+                  options={"A": "yes", "B": "no"}, answer="A") for i in range(12)]
+    held: dict = {}
+    original = embedded.EmbeddedRunner.run
+
+    async def run(self, cases, on_case=None):  # the live projection, as the run leaves it
+        held["proj"] = self.ctx.projection
+        return await original(self, cases, on_case)
+
+    with EventStore(tmp_path / "r.duckdb") as store:
+        cache = EmbeddingCache(HashEmbedder(), store.conn, machine=None)
+        embedded.EmbeddedRunner.run = run
+        try:
+            for policy in ("none", "evo-medagent"):
+                run_cases(store, cases, RunSpec(policy=load_policy(policy)), run_id=policy, cache=cache)
+                live, rebuilt = held["proj"], rebuild(store, policy, cache)
+                opened = open_projection(store, policy, cache).projection
+                for name, proj in (("live", live), ("rebuilt", rebuilt), ("opened", opened)):
+                    if policy == "none":  # one key per case was kept for a guard nothing consults
+                        assert proj.content_of == {} and proj.cases_by_content == {}
+                    else:  # a policy that retrieves keeps its guard: every case, by content
+                        assert len(proj.content_of) == 12 and proj.own_cases("c3") == {"c3"}
+        finally:
+            embedded.EmbeddedRunner.run = original
+
+
+def test_key_ring_holds_keys_compactly_and_finds_every_one(tmp_path, monkeypatch):
+    from grandrounds.store import keyring
+
+    monkeypatch.setattr(keyring._KeyTable, "merge_at", 8)
+    ring = keyring.KeyRing(tmp_path / "keys")
+    refs = [ring.ref(f"case:c{i}") for i in range(100)]
+    ring.ensure(refs[:50])
+    ring.ensure(refs[50:] + ["odd ref kept verbatim"])
+    keys = {r: ring.key(r) for r in refs}
+    assert all(len(k) == 32 for k in keys.values()) and len(set(keys.values())) == 100
+    # past `merge_at`, keys live in the sorted arrays, not in a dict entry per subject
+    assert len(ring._keys._recent) < 8 and len(ring._keys._hi) >= 92 and len(ring._keys) == 101
+    assert ring.key("odd ref kept verbatim") is not None and ring.key("0" * 32) is None
+    assert ring.erase(refs[7]) and ring.key(refs[7]) is None and ring.is_erased(refs[7])
+    fresh = keyring.KeyRing(tmp_path / "keys")  # what the file holds: the same keys, the erased one gone
+    assert {r: fresh.key(r) for r in refs if r != refs[7]} == {r: k for r, k in keys.items() if r != refs[7]}
+    assert fresh.key(refs[7]) is None and fresh.key("odd ref kept verbatim") == ring.key("odd ref kept verbatim")
+    ring.ensure([refs[7]])  # the erased subject seen again: a new key
+    assert ring.key(refs[7]) not in (None, keys[refs[7]])

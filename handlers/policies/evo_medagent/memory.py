@@ -261,4 +261,5 @@ def new_part(dim: int, exact_limit: int) -> EvoMemory:
 
 
 for _name in ("evo-medagent", "precedent", "none"):
-    register_part(_name, new_part)
+    # `none` keeps the episodes part (its run summary counts an empty memory) but never retrieves
+    register_part(_name, new_part, retrieves=_name != "none")
