@@ -196,6 +196,37 @@ class _SqlSpy:
         return getattr(self._inner, name)
 
 
+def test_iter_reads_in_pages_with_the_same_rows_and_filters(tmp_path, monkeypatch):
+    """`iter` (replays, exports, the run summary's outcomes) reads `SCAN_PAGE` rows a query too: one
+    ORDER BY over the whole selection sorted all of it at once (README "Flat memory"). Same rows, same
+    order as one pass, with every filter, and rows appended while it reads are left out."""
+    from grandrounds.store import eventstore
+
+    s = EventStore(tmp_path / "i.duckdb", codec=None)
+    for i in range(0, 10, 2):
+        s.append("r", [_received(i), _received(i + 1)], i - 1)
+    s.append("other", [_received(0)], -1)
+    monkeypatch.setattr(eventstore, "SCAN_PAGE", 3)
+    sql: list[str] = []
+    s._root = _SqlSpy(s._root, sql)
+
+    def seqs(**kw) -> list[int]:
+        return [e.seq for e in s.iter("r", **kw)]
+
+    assert seqs() == list(range(10)) and seqs(after_seq=4, upto_seq=8) == [5, 6, 7, 8]
+    assert seqs(case_id="c7") == [7] and seqs(types=["case.received"]) == list(range(10))
+    assert seqs(types=["run.started"]) == [] and [e.seq for e in s.iter("none")] == []
+    assert [e.decode().case["case_id"] for e in s.iter("r", upto_seq=2)] == ["c0", "c1", "c2"]
+    scans = [q for q in sql if "ORDER BY seq" in q]
+    assert len(scans) >= 4 + 2 + 1 + 4 and all("LIMIT 3" in q for q in scans), scans
+    reading = s.iter("r")
+    first = next(reading)
+    s._root = s._root._inner
+    s.append("r", [_received(10)], 9)  # appended mid-read: after the snapshot's last seq
+    assert [first.seq, *(e.seq for e in reading)] == list(range(10))
+    s.close()
+
+
 def test_whole_run_reads_go_in_pages_with_the_same_results(tmp_path, monkeypatch):
     """fingerprint and check_chain read a run `SCAN_PAGE` rows a query (one ORDER BY over a whole run
     made DuckDB sort all of it: ~7 KB of peak RSS a case, README "Flat memory"), and give what one
