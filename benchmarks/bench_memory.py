@@ -7,6 +7,8 @@ Each size is one `grandrounds run` of the example cases repeated under new ids, 
 on a fresh --db; its peak RSS (ru_maxrss) is read in that process. A 10-case run gives the base
 (interpreter, imports, DuckDB, the model where it loads): "growth" is peak minus base, and the
 ratio compares the largest size with the smallest. Builds side by side, alternating per size.
+A build is a Python command, split as a shell would: `--build lim=env GRANDROUNDS_DUCKDB_SET=off
+.venv/bin/python` runs this build without the store's DuckDB memory settings (store/dbsettings.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -50,12 +53,13 @@ def case_file(folder: Path, n: int) -> Path:
 
 def peak_mb(python: str, cases: Path, db: Path, policy: str) -> tuple[float, float]:
     t0 = time.perf_counter()
-    out = subprocess.run([python, "-c", WRAP, "run", str(cases), "--db", str(db), "--policy", policy, "--json"],
+    out = subprocess.run([*shlex.split(python), "-c", WRAP, "run", str(cases), "--db", str(db), "--policy", policy, "--json"],
                          capture_output=True, text=True, cwd=db.parent)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-1500:])
     kb = int(out.stderr.rsplit("MAXRSS_KB", 1)[1].split()[0])
-    db.unlink(missing_ok=True)
+    for leftover in (db, db.with_name(db.name + ".wal"), db.with_name(db.name + ".keys")):
+        leftover.unlink(missing_ok=True)
     return kb / 1024, time.perf_counter() - t0
 
 
@@ -77,6 +81,8 @@ def main() -> None:
         order = list(builds.items())
         for name, python in (order if i % 2 == 0 else order[::-1]):
             results[name][size] = peak_mb(python, case_file(work, size), work / f"{name}-{size}.duckdb", a.policy)
+            print(f"{name} {size} cases: peak {results[name][size][0]:.1f} MB, {results[name][size][1]:.1f} s",
+                  file=sys.stderr, flush=True)  # as each run ends: a long sweep's figures survive an interruption
     for name, by in results.items():
         base = by[10][0]
         out["builds"][name] = {

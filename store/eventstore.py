@@ -32,6 +32,7 @@ import duckdb
 from grandrounds.store import integrity
 from grandrounds.store.canonical import canonical_json
 from grandrounds.store.dbfile import check_db_file
+from grandrounds.store.dbsettings import apply_settings, duckdb_settings
 from grandrounds.store.events import NewEvent, StoredEvent
 from grandrounds.store.sealing import SEALED_KEY, ContentErased, SealingCodec, default_codec, stored_form
 
@@ -155,6 +156,12 @@ class EventStore:
                     "(stop that process, or give this one its own --db)"
                 ) from exc
             raise StoreError(f"cannot open {self.path}: {exc}") from exc
+        if target != ":memory:":  # bounds on what DuckDB keeps resident (store/dbsettings.py)
+            try:
+                apply_settings(self._root, duckdb_settings())
+            except BaseException:
+                self._root.close()
+                raise
         if not read_only:
             self._root.execute(SCHEMA)
         self._local = threading.local()

@@ -169,3 +169,30 @@ def test_key_ring_holds_keys_compactly_and_finds_every_one(tmp_path, monkeypatch
     assert fresh.key(refs[7]) is None and fresh.key("odd ref kept verbatim") == ring.key("odd ref kept verbatim")
     ring.ensure([refs[7]])  # the erased subject seen again: a new key
     assert ring.key(refs[7]) not in (None, keys[refs[7]])
+
+
+def test_a_store_file_takes_duckdb_memory_bounds_from_the_environment(tmp_path, monkeypatch):
+    import pytest
+
+    from grandrounds.store.dbsettings import SETTINGS_ENV, DuckDBSettingError, duckdb_settings
+    from grandrounds.store.eventstore import EventStore
+
+    def limits(store) -> dict[str, str]:
+        return dict(store.conn.execute("SELECT name, value FROM duckdb_settings() WHERE name IN "
+                                       "('memory_limit', 'checkpoint_threshold')").fetchall())
+
+    monkeypatch.delenv(SETTINGS_ENV, raising=False)
+    with EventStore(tmp_path / "a.duckdb") as store:
+        default = limits(store)  # DuckDB's own unless asked
+    monkeypatch.setenv(SETTINGS_ENV, "memory_limit=128MB, checkpoint_threshold=4MB")
+    with EventStore(tmp_path / "a.duckdb") as store:  # a fresh DuckDB instance: the bounds given
+        bounded = limits(store)
+    assert bounded["memory_limit"] != default["memory_limit"] and bounded["memory_limit"].startswith("122")
+    assert bounded["checkpoint_threshold"] != default["checkpoint_threshold"]
+    with EventStore(":memory:") as mem:  # no file to evict blocks to: left alone
+        assert limits(mem)["memory_limit"] == default["memory_limit"]
+    assert duckdb_settings("off") == {} and duckdb_settings("") == {}
+    assert duckdb_settings("memory_limit=1GB") == {"memory_limit": "1GB"}
+    for bad in ("threads=4", "memory_limit=lots", "memory_limit"):
+        with pytest.raises(DuckDBSettingError):
+            duckdb_settings(bad)
