@@ -77,7 +77,13 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
         raise
     finally:
         cache.flush()
-    summary = run_summary(store, rid, ctx.projection.state)
+    # The summary reads the whole run (its fingerprint): trimming DuckDB's cache as it goes keeps the
+    # file's blocks from piling up; this process has the file to itself, on one thread.
+    trim_scans, store.trim_scans = store.trim_scans, True
+    try:
+        summary = run_summary(store, rid, ctx.projection.state)
+    finally:
+        store.trim_scans = trim_scans
     found = getattr(ctx.writer.deidentifier, "found", None)
     if found:  # placeholders this process wrote into memory events, by type (none: the key is left out)
         from grandrounds.handlers.deidentify import PLACEHOLDERS

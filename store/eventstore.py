@@ -36,6 +36,13 @@ from grandrounds.store.dbsettings import apply_settings, duckdb_settings
 from grandrounds.store.events import NewEvent, StoredEvent
 from grandrounds.store.sealing import SEALED_KEY, ContentErased, SealingCodec, default_codec, stored_form
 
+TRIM_TO = "16MB"
+"""What `EventStore.trim_cache` lets DuckDB keep for that moment (rows awaiting a checkpoint included:
+they stay up to the 16 MB WAL threshold, and what does not fit is written to DuckDB's temp folder)."""
+
+TRIM_SCAN_PAGES = 16
+"""A whole-run read by a store with `trim_scans` trims DuckDB's cache every this many pages."""
+
 SCAN_PAGE = 2048
 """Rows per query when a whole run is read in seq order (`EventStore._ordered`): DuckDB sorts a
 query's whole result, so the page bounds what one sort holds (2,048 rows of a 10k-case run: +23 MB
@@ -156,9 +163,16 @@ class EventStore:
                     "(stop that process, or give this one its own --db)"
                 ) from exc
             raise StoreError(f"cannot open {self.path}: {exc}") from exc
+        self._memory_limit: str | None = None
+        """The `memory_limit` GRANDROUNDS_DUCKDB_SET gave (None: DuckDB's default), restored after a trim."""
+        self.trim_scans = False
+        """Whether whole-run reads trim DuckDB's cache as they go (`trim_cache`): only for a process
+        that has the database to itself on one thread (`grandrounds run`), see `trim_cache`."""
         if target != ":memory:":  # bounds on what DuckDB keeps resident (store/dbsettings.py)
             try:
-                apply_settings(self._root, duckdb_settings())
+                settings = duckdb_settings()
+                apply_settings(self._root, settings)
+                self._memory_limit = settings.get("memory_limit")
             except BaseException:
                 self._root.close()
                 raise
@@ -182,6 +196,25 @@ class EventStore:
 
     def close(self) -> None:
         self._root.close()
+
+    def trim_cache(self) -> None:
+        """Let go of the file blocks DuckDB keeps cached: lower `memory_limit` to `TRIM_TO`, which
+        makes DuckDB evict unpinned blocks at once, then set it back. DuckDB otherwise keeps every
+        block it read or wrote until `memory_limit` (80 % of RAM), so a long run held its whole file
+        (README, "Flat memory"); a standing low limit would instead fail on any large single value.
+        Evicted blocks are read back from the file when needed; no byte changes. Call it only when
+        no other thread is using this database: for that moment its queries get `TRIM_TO`."""
+        if self.path == ":memory:":
+            return
+        try:
+            self._root.execute(f"SET memory_limit = '{TRIM_TO}'")
+        except duckdb.Error:
+            pass  # pinned blocks above TRIM_TO: what could be evicted was
+        finally:
+            if self._memory_limit is None:
+                self._root.execute("RESET memory_limit")
+            else:
+                self._root.execute("SET memory_limit = ?", [self._memory_limit])
 
     def __enter__(self) -> "EventStore":
         return self
@@ -459,7 +492,11 @@ class EventStore:
         sql = f"SELECT {columns} FROM events WHERE run_id = ? AND seq > ?{tail}"
         try:
             last = after_seq
+            pages = 0
             while True:
+                pages += 1
+                if self.trim_scans and pages % TRIM_SCAN_PAGES == 0:
+                    self.trim_cache()  # the pages read so far are done with: keep the pool from holding the run
                 if last is None:
                     rows = cur.execute(f"SELECT {columns} FROM events WHERE run_id = ?{tail}",
                                        [run_id, upto_seq, *params]).fetchall()

@@ -49,6 +49,10 @@ class GroupCommit:
             raise ValueError("a group commit needs cases >= 1 and ms >= 0")
 
 
+TRIM_EVERY = 1024
+"""Cases between two trims of DuckDB's block cache (`EventStore.trim_cache`), at a group commit."""
+
+
 class EmbeddedRunner:
     def __init__(self, ctx: RunContext, commit: CommitMode = "group", checkpoint_every: int = 250,
                  group: GroupCommit = GroupCommit(), final_checkpoint: bool = True):
@@ -61,6 +65,8 @@ class EmbeddedRunner:
         self.group = group if commit == "group" else GroupCommit(cases=1, ms=0)
         self._buffered = 0
         self._first_buffered_at = 0.0
+        self.trim_every = TRIM_EVERY
+        self._trimmed_at = 0
 
     async def _flush_stage(self, stage: str) -> None:
         if self.commit == "stage":
@@ -81,6 +87,12 @@ class EmbeddedRunner:
         cache = self.ctx.projection.cache
         if cache is not None:  # new vectors go to the file with their group, not all at the end of the run:
             cache.flush()  # the cache then keeps only the recent ones in memory (store/embeddings.py)
+        done = self.ctx.projection.state.cases_completed
+        if self.trim_every and done - self._trimmed_at >= self.trim_every:
+            # DuckDB keeps every block it wrote cached until 80 % of RAM: a long run held its whole
+            # file. This runner is the database's only user, on one thread, so it may trim.
+            self.ctx.writer.store.trim_cache()
+            self._trimmed_at = done
 
     async def run(self, cases: Sequence[Case], on_case: Progress | None = None) -> int:
         """Process every case not yet completed; returns how many were processed now.

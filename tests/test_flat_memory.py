@@ -196,3 +196,59 @@ def test_a_store_file_takes_duckdb_memory_bounds_from_the_environment(tmp_path, 
     for bad in ("threads=4", "memory_limit=lots", "memory_limit"):
         with pytest.raises(DuckDBSettingError):
             duckdb_settings(bad)
+
+
+def test_trim_cache_evicts_duckdbs_cached_blocks_and_restores_the_limit(tmp_path, monkeypatch):
+    from grandrounds.store.dbsettings import SETTINGS_ENV
+    from grandrounds.store.eventstore import EventStore
+
+    def cached_mb(store) -> float:
+        rows = store.conn.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall()
+        return dict(rows).get("BASE_TABLE", 0) / 2 ** 20
+
+    def limit(store) -> str:
+        return store.conn.execute("SELECT value FROM duckdb_settings() WHERE name = 'memory_limit'").fetchone()[0]
+
+    for env, db in ((None, "a.duckdb"), ("memory_limit=1GB", "b.duckdb")):
+        if env is None:
+            monkeypatch.delenv(SETTINGS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(SETTINGS_ENV, env)
+        with EventStore(tmp_path / db) as store:
+            before = limit(store)
+            # a scratch table (not the store's events) of ~40 MB, written to the file and read back
+            store.conn.execute("CREATE TABLE scratch AS SELECT i, repeat(md5(i::VARCHAR), 8) AS p FROM range(250000) r(i)")
+            store.conn.execute("CHECKPOINT")
+            total = store.conn.execute("SELECT sum(length(p)) FROM scratch").fetchone()[0]
+            assert cached_mb(store) > 30  # DuckDB keeps what it read, far below its limit
+            store.trim_cache()
+            assert cached_mb(store) <= 16 and limit(store) == before  # evicted; the limit as it was
+            assert store.conn.execute("SELECT sum(length(p)) FROM scratch").fetchone()[0] == total
+
+
+def test_runs_trim_duckdbs_cache_as_they_go(tmp_path, monkeypatch):
+    from grandrounds.app import run_cases
+    from grandrounds.handlers.cases import Case
+    from grandrounds.handlers.policies.config import load_policy
+    from grandrounds.handlers.runs import RunSpec
+    from grandrounds.store import eventstore
+    from grandrounds.store.embeddings import EmbeddingCache
+    from grandrounds.store.eventstore import EventStore
+    import grandrounds.streams.embedded as embedded
+    from grandrounds.streams.embedded import GroupCommit
+    from tests.llm_helpers import HashEmbedder
+
+    monkeypatch.setattr(embedded, "TRIM_EVERY", 8)
+    monkeypatch.setattr(eventstore, "SCAN_PAGE", 4)
+    monkeypatch.setattr(eventstore, "TRIM_SCAN_PAGES", 2)
+    trims: list[bool] = []  # whether each trim came from a whole-run read
+    monkeypatch.setattr(EventStore, "trim_cache", lambda self: trims.append(self.trim_scans))
+    cases = [Case(case_id=f"c{i}", kind="mcq", question=f"Which organ {i % 5} case {i}?",
+                  options={"A": "yes", "B": "no"}, answer="A") for i in range(40)]
+    with EventStore(tmp_path / "r.duckdb") as store:
+        cache = EmbeddingCache(HashEmbedder(), store.conn, machine=None)
+        out = run_cases(store, cases, RunSpec(policy=load_policy("none")), run_id="r", cache=cache,
+                        group=GroupCommit(cases=4, ms=1e9))
+        assert trims.count(False) == 40 // 8  # at a group commit, every 8 cases
+        assert trims.count(True) >= 20  # the summary's reads of ~200 rows, every 2 pages of 4
+        assert not store.trim_scans and out.summary["fingerprint"] == store.fingerprint("r")
