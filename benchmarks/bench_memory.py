@@ -6,7 +6,9 @@
 Each size is one `grandrounds run` of the example cases repeated under new ids, in a fresh process
 on a fresh --db; its peak RSS (ru_maxrss) is read in that process. A 10-case run gives the base
 (interpreter, imports, DuckDB, the model where it loads): "growth" is peak minus base, and the
-ratio compares the largest size with the smallest. Builds side by side, alternating per size.
+ratio compares the largest size with the smallest. Builds side by side, alternating per size. The
+run's RSS is also read every 0.5 s while it runs: its median is what the run holds most of the time
+(the peak can be one transient, e.g. a DuckDB checkpoint).
 A build is a Python command, split as a shell would: `--build lim=env GRANDROUNDS_DUCKDB_SET=off
 .venv/bin/python` runs this build without the store's DuckDB memory settings (store/dbsettings.py).
 """
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -51,13 +54,45 @@ def case_file(folder: Path, n: int) -> Path:
     return path
 
 
-def peak_mb(python: str, cases: Path, db: Path, policy: str) -> tuple[float, float]:
+SAMPLE_S = 0.5
+"""How often the run's resident memory is read while it runs (/proc/PID/status, VmRSS)."""
+
+
+def _vm_rss_kb(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def peak_mb(python: str, cases: Path, db: Path, policy: str, samples: list[int] | None = None) -> tuple[float, float]:
+    """(peak MB, seconds); `samples` gets the run's RSS in KB every SAMPLE_S while it runs (what it holds
+    most of the time, against the peak: a transient such as a DuckDB checkpoint sets the peak alone)."""
     t0 = time.perf_counter()
-    out = subprocess.run([*shlex.split(python), "-c", WRAP, "run", str(cases), "--db", str(db), "--policy", policy, "--json"],
-                         capture_output=True, text=True, cwd=db.parent)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-1500:])
-    kb = int(out.stderr.rsplit("MAXRSS_KB", 1)[1].split()[0])
+    cmd = [*shlex.split(python), "-c", WRAP, "run", str(cases), "--db", str(db), "--policy", policy, "--json"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=db.parent) as proc:
+        # the output is read by threads so that a full pipe never blocks the run while it is sampled
+        import threading
+
+        got: dict[str, str] = {}
+        readers = [threading.Thread(target=lambda k=k, f=f: got.__setitem__(k, f.read()))
+                   for k, f in (("out", proc.stdout), ("err", proc.stderr))]
+        for r in readers:
+            r.start()
+        while proc.poll() is None:
+            kb = _vm_rss_kb(proc.pid)
+            if samples is not None and kb:
+                samples.append(kb)
+            time.sleep(SAMPLE_S)
+        for r in readers:
+            r.join()
+    if proc.returncode != 0:
+        raise RuntimeError(got["err"][-1500:])
+    kb = int(got["err"].rsplit("MAXRSS_KB", 1)[1].split()[0])
     for leftover in (db, db.with_name(db.name + ".wal"), db.with_name(db.name + ".keys")):
         leftover.unlink(missing_ok=True)
     return kb / 1024, time.perf_counter() - t0
@@ -77,11 +112,16 @@ def main() -> None:
     for name, python in builds.items():  # warm the embedding caches with the texts of these cases
         peak_mb(python, case_file(work, 200), work / "warm.duckdb", a.policy)
     results = {n: {} for n in builds}
+    held: dict[str, dict[int, float | None]] = {n: {} for n in builds}
     for i, size in enumerate([10, *sizes]):
         order = list(builds.items())
         for name, python in (order if i % 2 == 0 else order[::-1]):
-            results[name][size] = peak_mb(python, case_file(work, size), work / f"{name}-{size}.duckdb", a.policy)
-            print(f"{name} {size} cases: peak {results[name][size][0]:.1f} MB, {results[name][size][1]:.1f} s",
+            samples: list[int] = []
+            results[name][size] = peak_mb(python, case_file(work, size), work / f"{name}-{size}.duckdb", a.policy,
+                                          samples)
+            held[name][size] = round(statistics.median(samples) / 1024, 1) if samples else None
+            print(f"{name} {size} cases: peak {results[name][size][0]:.1f} MB, median while running "
+                  f"{held[name][size]} MB, {results[name][size][1]:.1f} s",
                   file=sys.stderr, flush=True)  # as each run ends: a long sweep's figures survive an interruption
     for name, by in results.items():
         base = by[10][0]
@@ -89,6 +129,7 @@ def main() -> None:
             "base_mb_10_cases": round(base, 1),
             "peak_mb": {n: round(by[n][0], 1) for n in sizes},
             "growth_mb": {n: round(by[n][0] - base, 1) for n in sizes},
+            "median_rss_while_running_mb": {n: held[name][n] for n in sizes},
             "seconds": {n: round(by[n][1], 1) for n in sizes},
             "peak_ratio_largest_smallest": round(by[sizes[-1]][0] / by[sizes[0]][0], 2),
             "kb_per_case_beyond_smallest": round((by[sizes[-1]][0] - by[sizes[0]][0]) * 1024
@@ -101,7 +142,8 @@ def main() -> None:
     for name, v in out["builds"].items():
         print(f"  {name:<8} base {v['base_mb_10_cases']} MB; peak " +
               ", ".join(f"{n}: {mb} MB" for n, mb in v["peak_mb"].items()) +
-              f"; ratio {v['peak_ratio_largest_smallest']}, {v['kb_per_case_beyond_smallest']} KB/case")
+              f"; ratio {v['peak_ratio_largest_smallest']}, {v['kb_per_case_beyond_smallest']} KB/case; median while "
+              "running " + ", ".join(f"{n}: {mb} MB" for n, mb in v["median_rss_while_running_mb"].items()))
 
 
 if __name__ == "__main__":
