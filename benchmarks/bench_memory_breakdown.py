@@ -46,6 +46,7 @@ from grandrounds.app import run_cases  # noqa: E402
 from grandrounds.handlers.cases import load_cases, open_cases  # noqa: E402
 from grandrounds.handlers.policies.config import load_policy  # noqa: E402
 from grandrounds.handlers.runs import RunSpec  # noqa: E402
+from grandrounds.store.dbsettings import apply_settings, duckdb_settings  # noqa: E402
 from grandrounds.store.eventstore import EventStore  # noqa: E402
 from grandrounds.store.read_model import EventLog  # noqa: E402
 
@@ -201,9 +202,8 @@ def main() -> None:
     streamed_mb = tracemalloc.get_traced_memory()[0] / 2 ** 20
     tracemalloc.stop()
     store = EventStore(work / "run.duckdb")
-    for setting in a.duckdb_set:
-        name, value = setting.split("=", 1)
-        store.conn.execute(f"SET {name} = ?", [value])
+    if a.duckdb_set:  # the store's own parser and SET (store/dbsettings.py): the names it takes, checked
+        apply_settings(store.conn, duckdb_settings(",".join(a.duckdb_set)))
     spec = RunSpec(policy=load_policy(a.policy))
     run_cases(store, cases[:78], spec, run_id="warm")  # loads MiniLM (if needed) and warms the cache
     gc.collect()
