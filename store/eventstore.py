@@ -23,6 +23,7 @@ from grandrounds.store.errors import GrandroundsError, Retryable
 import json
 import os
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -282,28 +283,32 @@ class EventStore:
         conn = self.conn
         conn.execute("BEGIN TRANSACTION")
         touched: dict[str, tuple[int, str]] = {}
+        # The subject keys the rows are sealed with reach the key file in one fsync when the batch is
+        # built, before the COMMIT below (one per new subject cost ~0.2 ms each, a subject a case).
+        keys_together = self.codec.ring.deferred() if self.codec is not None and not prepared else nullcontext()
         try:
             out: list[list[StoredEvent]] = []
-            for run_id, events, expected_seq in batches:
-                head = touched.get(run_id)
-                if head is None:
-                    with self._heads_lock:
-                        head = self._heads.get(run_id)
-                    if head is None or head[0] != expected_seq:
-                        head = self._read_head(conn, run_id)
-                if head[0] != expected_seq:
-                    raise ConcurrencyConflict(
-                        f"run {run_id!r}: expected last seq {expected_seq}, the log is at {head[0]}; "
-                        "another writer appended first — reload and retry"
-                    )
-                stored = list(events) if prepared else self._build_rows(run_id, events, head)
-                if prepared and stored and not _continues(head, stored[0]):
-                    raise ConcurrencyConflict(
-                        f"run {run_id!r}: the prepared batch does not continue the log at seq {head[0]}; "
-                        "another writer appended first — reload and retry")
-                if stored:
-                    touched[run_id] = (stored[-1].seq, stored[-1].chain)
-                out.append(stored)
+            with keys_together:
+                for run_id, events, expected_seq in batches:
+                    head = touched.get(run_id)
+                    if head is None:
+                        with self._heads_lock:
+                            head = self._heads.get(run_id)
+                        if head is None or head[0] != expected_seq:
+                            head = self._read_head(conn, run_id)
+                    if head[0] != expected_seq:
+                        raise ConcurrencyConflict(
+                            f"run {run_id!r}: expected last seq {expected_seq}, the log is at {head[0]}; "
+                            "another writer appended first — reload and retry"
+                        )
+                    stored = list(events) if prepared else self._build_rows(run_id, events, head)
+                    if prepared and stored and not _continues(head, stored[0]):
+                        raise ConcurrencyConflict(
+                            f"run {run_id!r}: the prepared batch does not continue the log at seq {head[0]}; "
+                            "another writer appended first — reload and retry")
+                    if stored:
+                        touched[run_id] = (stored[-1].seq, stored[-1].chain)
+                    out.append(stored)
             self._insert_rows(conn, [e for stored in out for e in stored])
             self._write_offsets(conn, consumed)
             conn.execute("COMMIT")
