@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
+from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -29,6 +31,7 @@ from grandrounds.handlers.cases import Case
 from grandrounds.handlers.runs import RunSpec, open_run
 from grandrounds.replay.orphans import die_with_parent
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
+from grandrounds.store.errors import InvalidInput
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.read_model import EventLog, decode_rows
 from grandrounds.store.event_types import MemorySeeded
@@ -41,6 +44,8 @@ from grandrounds.streams.embedded import EmbeddedRunner, GroupCommit
 
 FLUSH_EVERY = 500
 cache_embedder = shared_minilm  # the embedder replays use; the model loads only on a cache miss
+START_ENV = "GRANDROUNDS_WORKER_START"
+"""How replay workers start: `fork`, `spawn` or `forkserver` instead of the choice `start_method` makes."""
 
 
 @dataclass(frozen=True)
@@ -135,9 +140,36 @@ def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob,
 # --- in worker processes -------------------------------------------------------------------
 
 
+def start_method() -> str:
+    """How worker processes start: `fork` where the platform has it, else `spawn`.
+
+    A spawned worker is a new interpreter that imports grandrounds (~0.5 s here) before its first
+    case, and runs its first cases with cold memos: at 400 cases that start-up made 2 workers
+    slower than 1 (`benchmarks/bench_workers.py`). A forked one is a copy of this process, which
+    has imported everything already, and starts in milliseconds.
+    Fork is safe here because a worker uses nothing the parent's threads may hold: it opens its
+    own in-memory DuckDB (never the parent's connection, whose threads are not copied) and ends
+    with `os._exit` (multiprocessing's forked child), so no inherited destructor runs. It is not
+    used once this process has loaded the embedding model: torch's thread pool does not survive
+    a fork, and a worker that misses the cache would load the model through it.
+    `GRANDROUNDS_WORKER_START` overrides (`spawn`, `fork` or `forkserver`).
+    """
+    chosen = os.environ.get(START_ENV, "").strip()
+    available = get_all_start_methods()
+    if chosen:
+        if chosen not in available:
+            raise InvalidInput(f"{START_ENV}={chosen!r}: this platform starts processes by "
+                               f"{', '.join(available)}")
+        return chosen
+    model_loaded = getattr(cache_embedder(), "loaded", False)
+    if "fork" in available and sys.platform.startswith("linux") and not model_loaded:
+        return "fork"
+    return "spawn"
+
+
 def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing: list[StoredEvent],
             seeded: dict | None = None, keys_path: str | None = None) -> dict:
-    """Runs in a spawned process: execute one job into an in-memory store seeded from `seed_path`.
+    """Runs in a worker process (see `start_method`): execute one job into an in-memory store seeded from `seed_path`.
 
     Returns the new events and any vectors the worker had to embed; the parent imports both.
     """
@@ -222,6 +254,7 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
                 on_done(j, results[j.run_id])
         return [results[j.run_id] for j in jobs]
 
+    method = start_method()  # before anything is written: a bad GRANDROUNDS_WORKER_START changes nothing
     cache.flush()  # workers start from every vector this process knows
     keys_path = None
     if target.codec is not None:  # one writer of the key file: every subject's key made here, before the workers
@@ -232,8 +265,13 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
     try:
         seed = tmp / "seed.duckdb"
         _seed_file(target, seed)
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                                 initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context(method),
+                                 initializer=die_with_parent, initargs=(os.getpid(),)) as pool, \
+                warnings.catch_warnings():
+            # Python 3.12+ warns that forking a process with threads may deadlock the child: see
+            # `start_method` for why these children cannot (they touch nothing those threads hold).
+            warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks",
+                                    category=DeprecationWarning)
             pending = [(j, pool.submit(_worker, j.run_id, j.spec.model_dump(mode="json"),
                                        [c.model_dump(mode="json") for c in j.cases], str(seed),
                                        target.read(j.run_id),
