@@ -60,34 +60,65 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("instance-number", re.compile(r"(?<![\w.])\d(?:[\d,]*\d)?(?![\w])")),  # filtered below
 ]
 
-_NEEDS: list[str | None] = ["://", "@", "www.", "localhost|digit", "tld", "/", "-", "mrn", "digit", "digit", "digit",
-                             "honorific", "name-word", "digit", "digit", "digit", "digit", "digit", "digit"]
-r"""What each of `_PATTERNS` cannot match without (None: always scanned): a literal in its regex (matched
-case-insensitively where the regex is), a `\d`, or an ASCII capital its regex asks for outside any
-IGNORECASE. Most memory texts hold no digit, so most patterns are skipped for them (de-identification
-runs them on every string a memory event carries); the literal gates ("www.", a top-level domain, an
-honorific, "name"/"called", "mrn", "localhost") spare the patterns that scan every word of a text with a
-full stop or a capital in it, which is nearly every text. `tests/test_entity_gates.py` checks the gates
-against the patterns."""
-
 _DIGIT = re.compile(r"\d")
 _UPPER = re.compile(r"[A-Z]")
 _TLDS = (".com", ".org", ".net", ".gov", ".edu", ".io", ".nhs.uk", ".health")
 _HONORIFICS = ("Mr", "Ms", "Mx", "Dr", "Prof", "Miss")  # ("Mrs" holds "Mr")
+_ID_WORDS = ("patient", "subject", "encounter", "order", "record", "visit", "account", "specimen", "case")
+_MONTH_STEMS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 
-GATES = ("://", "@", "www.", "localhost|digit", "tld", "/", "-", "mrn", "digit", "honorific", "name-word", "upper")
-"""Every gate `_present` answers."""
 
+def _gates(text: str, instance_numbers: frozenset[str] | set[str] = frozenset()) -> list[bool]:
+    r"""For each of `_PATTERNS`, in order, whether it can yield a span in `text`; then whether
+    `_CAPITALISED_PAIR` can. False only where the pattern's regex cannot match without something the
+    text lacks, so skipping it gives the same spans with one scan fewer: a literal of the regex (`://`,
+    `@`, `localhost`, a top-level domain, an honorific, a month's first three letters...), enough of a
+    literal (a UUID has four `-`, an IP address three `.`, an ISO date two `-`), enough `\d` (a phone
+    number has ten, a letter-prefixed record number five, an ISO date six, a d/m/y date four), or an ASCII
+    capital where the regex asks for one outside IGNORECASE. An instance number is only reported with
+    five digits, or two that `instance_numbers` holds. Most memory texts hold no digit, so most patterns
+    are skipped for them; the counts spare the digit patterns for texts with a number or two in them.
 
-def _present(text: str) -> dict[str, bool]:
-    low = text.lower()
-    digit = _DIGIT.search(text) is not None
+    The case-insensitive literals are looked up in `text.lower()` only when the text is ASCII: under
+    IGNORECASE a regex also matches a few non-ASCII letters to ASCII ones (`ſ` to `s`, `ı` and `İ` to
+    `i`, the Kelvin sign to `k`) that `lower()` leaves apart, so for any other text those gates stay
+    open. `tests/test_entity_gates.py` checks every gate against its pattern and the gated scan
+    against the full one."""
+    ndig = len(_DIGIT.findall(text))
     upper = _UPPER.search(text) is not None
-    return {"://": "://" in text, "@": "@" in text, "www.": "www." in low,
-            "localhost|digit": digit or "localhost" in low, "tld": any(t in low for t in _TLDS),
-            "/": "/" in text, "-": "-" in text, "mrn": digit and "mrn" in low, "digit": digit,
-            "honorific": upper and any(h in text for h in _HONORIFICS),
-            "name-word": upper and ("name" in text or "called" in text), "upper": upper}
+    if text.isascii():
+        low = text.lower()
+        localhost, www, mrn = "localhost" in low, "www." in low, "mrn" in low
+        tld = any(t in low for t in _TLDS)
+        id_word = ndig > 0 and any(w in low for w in _ID_WORDS)
+        month = ndig > 0 and any(m in low for m in _MONTH_STEMS)
+    else:
+        localhost = www = mrn = tld = True
+        id_word = month = ndig > 0
+    hyphens = text.count("-")
+    dots = text.count(".") if ndig >= 4 else 0
+    return [
+        "://" in text,                                                    # url with a scheme
+        "@" in text,                                                      # email
+        www,                                                              # url www.
+        localhost or (ndig >= 4 and dots >= 3),                           # localhost, IPv4
+        tld,                                                              # host.tld
+        "/" in text and upper,                                            # Patient/123
+        hyphens >= 4,                                                     # UUID
+        ndig > 0 and mrn,                                                 # MRN 123
+        ndig >= 5 and upper,                                              # S6534835
+        id_word,                                                          # patient id 42
+        ndig >= 10,                                                       # phone
+        upper and any(h in text for h in _HONORIFICS),                    # Mr Smith
+        upper and ("name" in text or "called" in text),                   # named Peter
+        ndig >= 6 and hyphens >= 2,                                       # 2023-04-05
+        ndig >= 4 and dots + text.count("/") >= 2,                        # 12/03/2020
+        month,                                                            # March 3
+        month,                                                            # 3rd of March
+        month and ndig >= 4,                                              # March 2021
+        ndig >= (2 if instance_numbers else LONG_DIGITS),                 # instance numbers
+        upper,                                                            # first name + surname
+    ]
 
 
 _FIRST_NAMES = frozenset("""
@@ -154,10 +185,10 @@ def entity_candidates(text: str, instance_numbers: frozenset[str] | set[str] = f
     def overlaps(a: int, b: int) -> bool:
         return any(a < e and s < b for s, e in taken)
 
-    present = _present(text)
-    for (category, pattern), needs in zip(_PATTERNS, _NEEDS):
-        if needs is not None and not present[needs]:
-            continue  # the pattern cannot match without it: the same spans, one scan fewer
+    gates = _gates(text, instance_numbers)
+    for (category, pattern), may in zip(_PATTERNS, gates):
+        if not may:
+            continue  # the pattern cannot yield a span here: the same spans, one scan fewer
         for m in pattern.finditer(text):
             span = m.group(0).rstrip(".,;:)")
             if not span or overlaps(m.start(), m.start() + len(span)):
@@ -168,7 +199,7 @@ def entity_candidates(text: str, instance_numbers: frozenset[str] | set[str] = f
                     continue
             found.append((m.start(), category, span, False))
             taken.append((m.start(), m.start() + len(span)))
-    for m in _CAPITALISED_PAIR.finditer(text) if present["upper"] else ():
+    for m in _CAPITALISED_PAIR.finditer(text) if gates[-1] else ():
         if m.group(1).lower() in _FIRST_NAMES and not overlaps(m.start(), m.end()):
             found.append((m.start(), "name", m.group(0), True))
             taken.append((m.start(), m.end()))
