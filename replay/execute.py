@@ -1,7 +1,7 @@
 """Executing runs for replay and verify: in this process or in worker processes.
 
 A run is always executed into a scratch in-memory store and then imported into the target
-file with `EventStore.import_events`, which re-checks the hash chain. DuckDB allows one
+file with `EventStore.import_rows`, which re-checks the hash chain. DuckDB allows one
 writing process per file, so workers never open the target: each reads the target's
 embedding cache from a temporary seed file (read-only, shared), executes into its own
 memory and hands its events back; only the parent writes the target. (A temporary DuckDB
@@ -33,7 +33,7 @@ from grandrounds.replay.orphans import die_with_parent
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.errors import InvalidInput
 from grandrounds.store.eventstore import EventStore
-from grandrounds.store.read_model import EventLog, decode_rows
+from grandrounds.store.read_model import EventLog
 from grandrounds.store.event_types import MemorySeeded
 from grandrounds.store.events import StoredEvent
 from grandrounds.store.keyring import KeyRing
@@ -67,6 +67,8 @@ class JobResult:
     seconds: float
     embedding_misses: int = 0
     worker: bool = False
+    fingerprint: str | None = None
+    """The run's fingerprint where the worker that executed it computed it (None: read it from the file)."""
 
 
 def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec,
@@ -132,7 +134,9 @@ def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob,
         scratch.import_events(existing)
         _, processed = execute(scratch, cache, job.run_id, job.spec, job.cases, backbone_options=backbone_options,
                                checkpoint=False, seeded=job.seeded, environment=environment)
-        target.import_events(scratch.read(job.run_id, after_seq=existing[-1].seq if existing else -1))
+        # Rows as the scratch store holds them (the same codec sealed them): no decoding, no re-encoding.
+        target.import_rows(list(EventLog(scratch).stored_rows([job.run_id],
+                                                              after_seq=existing[-1].seq if existing else -1)))
     cache.flush()
     return JobResult(job.run_id, processed, time.perf_counter() - t0, cache.misses - misses0)
 
@@ -193,12 +197,12 @@ def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing
         # Rows as stored (payload and meta as JSON text): pickling text is ~10x cheaper than
         # pickling the decoded payload dicts.
         rows = list(EventLog(scratch).stored_rows([run_id], after_seq=existing[-1].seq if existing else -1))
+        # The whole run is here (what existed, imported, and what ran): its fingerprint is the one the
+        # parent's file will give once these rows are imported (the same texts, the same keys), computed
+        # here in parallel rather than by the parent one run after another (it opens every sealed row).
+        fingerprint = scratch.fingerprint(run_id)
     return {"processed": processed, "seconds": time.perf_counter() - t0, "misses": cache.misses,
-            "rows": rows, "vectors": vectors}
-
-
-def _stored(rows: list[tuple]) -> list[StoredEvent]:
-    return decode_rows(rows)
+            "rows": rows, "vectors": vectors, "fingerprint": fingerprint}
 
 
 def _seed_file(target: EventStore, path: Path) -> None:
@@ -279,9 +283,10 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
                        for j in todo]
             for j, fut in pending:  # import in job order: the file's layout is deterministic too
                 out = fut.result()
-                target.import_events(_stored(out["rows"]))  # re-checks every chain hash
+                target.import_rows(out["rows"])  # re-checks every chain hash over the texts it writes
                 _keep_vectors(target, out["vectors"])
-                results[j.run_id] = JobResult(j.run_id, out["processed"], out["seconds"], out["misses"], worker=True)
+                results[j.run_id] = JobResult(j.run_id, out["processed"], out["seconds"], out["misses"], worker=True,
+                                              fingerprint=out["fingerprint"])
                 if on_done:
                     on_done(j, results[j.run_id])
     finally:

@@ -214,7 +214,7 @@ def replay_result(store: EventStore, plan: ReplayPlan, results: list[JobResult],
         runs.append({
             "run_id": r.run_id, "k": r.k, "order_seed": r.order_seed,
             "accuracy": s["accuracy"], "correct": s["correct"], "cases": s["cases"],
-            "fingerprint": store.fingerprint(r.run_id), "reused": res.processed == 0,
+            "fingerprint": res.fingerprint or store.fingerprint(r.run_id), "reused": res.processed == 0,
             "seconds": round(res.seconds, 3), "cumulative_accuracy": s["cumulative_accuracy"],
             "rolling_accuracy": rolling_accuracy(results_of, window),
         })

@@ -357,16 +357,20 @@ class EventStore:
         """One multi-row INSERT over column lists (not executemany: that is a statement a row)."""
         if not rows:
             return
-        cols = list(zip(*[
+        EventStore._insert_columns(conn, [list(c) for c in zip(*[
             (e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
              e.canonical_payload(), e.canonical_meta(), e.chain) for e in rows
-        ]))
+        ])])
+
+    @staticmethod
+    def _insert_columns(conn, cols: list[list]) -> None:
+        """The INSERT itself, over the nine columns of `events` as lists."""
         conn.execute(
             "INSERT INTO events SELECT * FROM (SELECT "
             "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
             "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::JSON[]), unnest(?::JSON[]), "
             "unnest(?::VARCHAR[]))",
-            [list(c) for c in cols],
+            cols,
         )
 
     @staticmethod
@@ -401,27 +405,38 @@ class EventStore:
         Seqs must continue the run's log exactly; chain hashes are re-checked, so a copy
         cannot smuggle in altered payloads.
         """
-        if not events:
+        # What was checked is what is written: the JSON is made here from what each event holds, never
+        # a text cached on a row from elsewhere. (A read event's payload is the opened plaintext: what
+        # is written is its stored, sealed form.) Made once, for the check and the INSERT both.
+        self.import_rows([(e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
+                           canonical_json(stored_form(e)), canonical_json(e.meta) if e.meta else "{}", e.chain)
+                          for e in events])
+
+    def import_rows(self, rows: Sequence[tuple]) -> None:
+        """Copy rows of one run exactly as another store holds them (`EventLog.stored_rows`: payload and
+        meta as their JSON text), with no decoding: a replay hands its runs from the scratch store or a
+        worker to the file this way. Seqs must continue the run's log exactly, and every chain hash is
+        re-checked over the very texts that are written, so what lands is what was checked.
+        """
+        if not rows:
             return
-        run_id = events[0].run_id
-        head = self.head(run_id)
-        seq, chain = head
-        if seq < 0 and integrity.version_of(events[0].chain) == 1:
+        run_id = rows[0][0]
+        seq, chain = self.head(run_id)
+        if seq < 0 and integrity.version_of(rows[0][8]) == 1:
             chain = integrity.GENESIS_V1  # a legacy (v1) run copied verbatim keeps its chain
-        for ev in events:
-            if ev.run_id != run_id or ev.seq != seq + 1:
-                raise StoreError(f"import of {run_id!r} is not contiguous at seq {ev.seq} (log at {seq})")
-            chain = chain_of(chain, ev, trust_cached=False)
-            if chain != ev.chain:
-                raise StoreError(f"import of {run_id!r}: chain hash mismatch at seq {ev.seq}")
-            seq = ev.seq
+        version = integrity.version_of(chain)
+        for r_run, r_seq, type_, schema_version, case_id, causation_seq, payload_json, meta_json, r_chain in rows:
+            if r_run != run_id or r_seq != seq + 1:
+                raise StoreError(f"import of {run_id!r} is not contiguous at seq {r_seq} (log at {seq})")
+            chain = integrity.link(chain, version, run_id, r_seq, type_, schema_version, case_id, causation_seq,
+                                   payload_json, meta_json)
+            if chain != r_chain:
+                raise StoreError(f"import of {run_id!r}: chain hash mismatch at seq {r_seq}")
+            seq = r_seq
         conn = self.conn
         conn.execute("BEGIN TRANSACTION")
         try:
-            # What was checked is what is written: never a JSON text cached on a row from elsewhere.
-            # (A read event's payload is the opened plaintext: what is written is its stored, sealed form.)
-            self._insert_rows(conn, [replace(e, payload=stored_form(e), payload_json=None, meta_json=None)
-                                     for e in events])
+            self._insert_columns(conn, [list(c) for c in zip(*rows)])
             conn.execute("COMMIT")
         except (duckdb.ConstraintException, duckdb.TransactionException) as exc:
             self._rollback_quietly(conn)
@@ -430,7 +445,7 @@ class EventStore:
             self._rollback_quietly(conn)
             raise
         with self._heads_lock:
-            self._heads[run_id] = (events[-1].seq, events[-1].chain)
+            self._heads[run_id] = (int(rows[-1][1]), rows[-1][8])
 
     # --- reading -----------------------------------------------------------------------
 

@@ -136,6 +136,34 @@ def test_import_rejects_altered_events(store: EventStore):
     assert other.read("r") == []
 
 
+def test_import_rows_copies_rows_as_stored_and_rejects_an_altered_text(tmp_path):
+    from grandrounds.store.read_model import EventLog
+
+    src = EventStore(tmp_path / "src.duckdb")  # sealed, as a replay's scratch store is
+    src.append("r", [_received(i) for i in range(4)], -1)
+    rows = list(EventLog(src).stored_rows(["r"]))
+    keys = tmp_path / "src.duckdb.keys"
+    (tmp_path / "dst.duckdb.keys").write_bytes(keys.read_bytes())
+    dst = EventStore(tmp_path / "dst.duckdb")
+    dst.import_rows(rows[:2])
+    dst.import_rows(rows[2:])  # continues the log where it is
+    assert list(EventLog(dst).stored_rows(["r"])) == rows  # byte for byte
+    assert dst.fingerprint("r") == src.fingerprint("r") and dst.verify_chain("r") is None
+
+    other = EventStore(tmp_path / "other.duckdb")
+    forged = [rows[0], (*rows[1][:6], rows[1][6].replace('"index":1', '"index":9'), *rows[1][7:])]
+    assert forged[1] != rows[1]
+    with pytest.raises(Exception, match="chain hash mismatch at seq 1"):
+        other.import_rows(forged)
+    with pytest.raises(Exception, match="not contiguous at seq 2"):
+        other.import_rows([rows[0], rows[2]])
+    with pytest.raises(Exception, match="not contiguous at seq 1"):
+        other.import_rows(rows[1:])  # the log is empty: seq 0 must come first
+    assert other.read("r") == []
+    for s in (src, dst, other):
+        s.close()
+
+
 def test_group_commit_stores_each_partitions_position_new_or_known(store: EventStore):
     # A group commit stores several partitions' positions at once; the first time a partition
     # appears its row is created, later commits move it, and a rolled-back batch moves nothing.

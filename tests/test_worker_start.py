@@ -81,3 +81,5 @@ def test_forked_and_spawned_workers_write_what_one_process_writes(db_copy, monke
     with EventStore(db_copy, read_only=True) as store:
         for r in two["runs"]:
             assert store.verify_chain(r["run_id"]) is None
+            # the fingerprint the worker reported is the one the file gives
+            assert store.fingerprint(r["run_id"]) == r["fingerprint"]
