@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -84,7 +85,10 @@ def main() -> None:
 
     source = work / f"source-{a.cases}.duckdb"
     build_source(source, a.cases)
-    builds = dict(b.split("=", 1) for b in a.build) or {"this": sys.executable}
+    # A relative PYTHON (`.venv/bin/python`) is taken from here: the children run in --workdir. abspath, not
+    # resolve(): a venv's python is a link, and following it would leave the venv.
+    builds = {name: os.path.abspath(py) if os.sep in py else py
+              for name, py in (b.split("=", 1) for b in a.build)} or {"this": sys.executable}
     results: dict = {n: [] for n in builds}
     for r in range(a.rounds):
         order = list(builds.items())
