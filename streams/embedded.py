@@ -28,6 +28,7 @@ from grandrounds.handlers.context import RunContext
 from grandrounds.handlers.llm.errors import ModelOutage
 from grandrounds.handlers.pipeline import CaseProgress, case_progress, process_case
 from grandrounds.store.projection import save_checkpoint
+from grandrounds.streams.collector import fewer_collections
 from grandrounds.streams.lag import LagPipeline
 
 Progress = Callable[[int, bool], None]  # (case index, correct)
@@ -99,7 +100,12 @@ class EmbeddedRunner:
 
         On an exception the buffered cases are left uncommitted (the log ends at the last group),
         as after a crash: the same command executes them again. A model outage (`ModelOutage`)
-        commits the cases completed before it and drops only the interrupted one."""
+        commits the cases completed before it and drops only the interrupted one. The garbage
+        collector runs less often meanwhile (streams/collector.py: ~12 % of a sim replay's CPU)."""
+        with fewer_collections():
+            return await self._run(cases, on_case)
+
+    async def _run(self, cases: Sequence[Case], on_case: Progress | None) -> int:
         ctx = self.ctx
         state = ctx.projection.state
         start = state.cases_completed
