@@ -8,7 +8,8 @@ The source run (--cases ChestAgentBench cases, evo-medagent, sim) is built once 
 DIR/source-N.duckdb by bench_replay.py's `build_source` (first build embeds every text: minutes) and
 reused. Each build's Python then replays permutation 0 of it --reps times into an in-memory store
 (warm embedding cache: the source file's vectors and the machine cache), printing cases/s by wall
-time and by this process's CPU time: on a shared core the CPU rate is the steadier figure. The first
+time and by this process's CPU time (on a shared core the CPU rate is the steadier figure), and the
+share of that CPU time the garbage collector took (its callbacks' CPU time). The first
 repetition pays the process's first-use costs (vectors read from the file, imports); the later ones
 are the steady rate. The fingerprint of every repetition is printed: builds must agree.
 sim backbone: throughput only, not a clinical measure.
@@ -17,6 +18,7 @@ sim backbone: throughput only, not a clinical measure.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -41,6 +43,16 @@ def child(source: Path, work: Path, reps: int) -> list[dict]:
     if Path(f"{source}.keys").exists():  # sealed case content needs its key file
         shutil.copyfile(f"{source}.keys", f"{copy}.keys")
     out = []
+    collecting: list[float] = []  # CPU time of the garbage collector's passes, from its callbacks
+    began = [0.0]
+
+    def on_gc(phase: str, _info: dict) -> None:
+        if phase == "start":
+            began[0] = time.process_time()
+        else:
+            collecting.append(time.process_time() - began[0])
+
+    gc.callbacks.append(on_gc)
     try:
         with single_threaded_blas(), EventStore(copy) as store:
             cache = EmbeddingCache(shared_minilm(), store.conn)
@@ -52,14 +64,17 @@ def child(source: Path, work: Path, reps: int) -> list[dict]:
                 except AttributeError:
                     pass
                 with EventStore(":memory:") as scratch:
+                    collecting.clear()
                     t0, c0 = time.perf_counter(), time.process_time()
                     execute(scratch, cache, job.run_id, job.spec, job.cases, checkpoint=False)
                     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                    gc_cpu = sum(collecting)
                     fp = scratch.fingerprint(job.run_id)
                 n = len(job.cases)
                 out.append({"wall_cases_per_s": round(n / wall, 1), "cpu_cases_per_s": round(n / cpu, 1),
-                            "fingerprint": fp[:16]})
+                            "gc_share_pct": round(100 * gc_cpu / cpu, 1), "fingerprint": fp[:16]})
     finally:
+        gc.callbacks.remove(on_gc)
         copy.unlink(missing_ok=True)
         Path(f"{copy}.keys").unlink(missing_ok=True)
     return out
@@ -107,9 +122,8 @@ def main() -> None:
     print(f"one permutation of {a.cases} ChestAgentBench cases replayed in-process (sim), cases/s, "
           f"first repetition / later ones, per round; fingerprints agree: {len(fps) == 1}")
     for name, runs in results.items():
-        for kind in ("cpu", "wall"):
-            cells = "   ".join(f"{run[0][f'{kind}_cases_per_s']} / "
-                               + ", ".join(str(x[f'{kind}_cases_per_s']) for x in run[1:]) for run in runs)
+        for kind, key in (("cpu", "cpu_cases_per_s"), ("wall", "wall_cases_per_s"), ("gc %", "gc_share_pct")):
+            cells = "   ".join(f"{run[0][key]} / " + ", ".join(str(x[key]) for x in run[1:]) for run in runs)
             print(f"  {name:<8} {kind:<4} {cells}")
 
 
