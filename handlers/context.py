@@ -38,11 +38,12 @@ class EventWriter:
     def emit(self, payload: EventPayload, case_id: str | None = None, causation_seq: int | None = None,
              meta: dict[str, Any] | None = None) -> int:
         seq = self.next_seq
+        dumped = None
         if self.deidentifier is not None:
             self.deidentifier.observe(payload, case_id)
             if payload.carries_memory:
-                payload = self.deidentifier.scrub(payload, case_id)
-        self.pending.append(NewEvent(payload, case_id, causation_seq, meta or {}))
+                payload, dumped = self.deidentifier.scrub_dumped(payload, case_id)
+        self.pending.append(NewEvent(payload, case_id, causation_seq, meta or {}, dumped))
         self.projection.apply(seq, payload)
         return seq
 

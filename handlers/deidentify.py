@@ -281,10 +281,17 @@ class Deidentifier:
 
     def scrub(self, payload: EventPayload, case_id: str | None) -> EventPayload:
         """The payload with every identifier replaced, as a new model of the same type."""
+        return self.scrub_dumped(payload, case_id)[0]
+
+    def scrub_dumped(self, payload: EventPayload, case_id: str | None) -> tuple[EventPayload, dict | None]:
+        """`scrub`, and the JSON-mode dump the scan read when nothing was found: the returned payload is
+        then the very object dumped, so the writer can store that dump (`NewEvent.dumped`) instead of
+        dumping it again. None when something was replaced (the new model is dumped when written)."""
         s = self.scrubber(case_id)
         s.found.clear()
-        clean = s.value(payload.model_dump(mode="json"))
+        dumped = payload.model_dump(mode="json")
+        clean = s.value(dumped)  # (builds new containers: `dumped` itself is left as it was)
         if not s.found:
-            return payload  # nothing found: the very same object (and bytes)
+            return payload, dumped  # nothing found: the very same object (and bytes)
         self.found.update(s.found)
-        return type(payload).model_validate(clean)
+        return type(payload).model_validate(clean), None

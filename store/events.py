@@ -122,13 +122,17 @@ class NewEvent:
     case_id: str | None = None
     causation_seq: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    dumped: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """`payload.model_dump(mode="json")` where the emitter already made it (de-identification dumps every
+    memory event to scan it): the store writes it instead of dumping the payload again. Not part of the
+    event's identity."""
 
     @property
     def type(self) -> str:
         return self.payload.event_type
 
     def payload_dict(self) -> dict[str, Any]:
-        return self.payload.model_dump(mode="json")
+        return self.dumped if self.dumped is not None else self.payload.model_dump(mode="json")
 
 
 @dataclass(frozen=True)
