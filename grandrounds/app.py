@@ -84,6 +84,7 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
         summary = run_summary(store, rid, ctx.projection.state)
     finally:
         store.trim_scans = trim_scans
+    store.checkpoint_bounded()  # the WAL's last part, bounded, rather than by DuckDB when the file closes
     found = getattr(ctx.writer.deidentifier, "found", None)
     if found:  # placeholders this process wrote into memory events, by type (none: the key is left out)
         from grandrounds.handlers.deidentify import PLACEHOLDERS

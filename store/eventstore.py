@@ -41,6 +41,21 @@ TRIM_TO = "16MB"
 """What `EventStore.trim_cache` lets DuckDB keep for that moment (rows awaiting a checkpoint included:
 they stay up to the 16 MB WAL threshold, and what does not fit is written to DuckDB's temp folder)."""
 
+CHECKPOINT_AT = 12 * 2**20
+"""WAL bytes from which `checkpoint_if_due` checkpoints: below DuckDB's own automatic threshold (16 MiB),
+so a run that calls it at every group commit takes its checkpoints itself, bounded."""
+
+CHECKPOINT_MEMORY = "32MB"
+"""DuckDB's `memory_limit` while `checkpoint_bounded` checkpoints. At its usual limit (80 % of RAM) a
+checkpoint's transient memory grew with the table: 226 MB of RSS at 12k cases, 470 MB at 53k (README,
+"Flat memory"); bounded, it evicts as it writes (300k event-sized rows in one process: peak RSS 304 MB
+at DuckDB's defaults, 141 bounded at 64MB, 112 at 32MB, 97 at 16MB)."""
+
+LARGE_VALUE = 4 * 2**20
+"""A value this large written since the last checkpoint (a memory checkpoint blob) leaves the next
+checkpoint to DuckDB, at its usual limit: a checkpoint pins each value whole, and one that cannot is
+fatal to the database (it must be reopened)."""
+
 TRIM_SCAN_PAGES = 16
 """A whole-run read by a store with `trim_scans` trims DuckDB's cache every this many pages."""
 
@@ -164,6 +179,11 @@ class EventStore:
                     "(stop that process, or give this one its own --db)"
                 ) from exc
             raise StoreError(f"cannot open {self.path}: {exc}") from exc
+        self._file = target
+        self._largest_pending: float = 0
+        """The largest single value written since this process last checkpointed (`checkpoint_bounded`)."""
+        if target != ":memory:" and os.path.exists(target + ".wal") and os.path.getsize(target + ".wal"):
+            self._largest_pending = float("inf")  # a WAL another process left: what it holds is unknown
         self._memory_limit: str | None = None
         """The `memory_limit` GRANDROUNDS_DUCKDB_SET gave (None: DuckDB's default), restored after a trim."""
         self.trim_scans = False
@@ -212,10 +232,56 @@ class EventStore:
         except duckdb.Error:
             pass  # pinned blocks above TRIM_TO: what could be evicted was
         finally:
-            if self._memory_limit is None:
-                self._root.execute("RESET memory_limit")
-            else:
-                self._root.execute("SET memory_limit = ?", [self._memory_limit])
+            self._restore_memory_limit()
+
+    def _restore_memory_limit(self) -> None:
+        if self._memory_limit is None:
+            self._root.execute("RESET memory_limit")
+        else:
+            self._root.execute("SET memory_limit = ?", [self._memory_limit])
+
+    def note_written(self, nbytes: int) -> None:
+        """A value of `nbytes` went into the file outside `append` (a memory checkpoint blob): see
+        `LARGE_VALUE`."""
+        self._largest_pending = max(self._largest_pending, nbytes)
+
+    def checkpoint_if_due(self) -> bool:
+        """`checkpoint_bounded` once the WAL holds `CHECKPOINT_AT` bytes (a stat of the WAL file, no query).
+        For a process that has the file to itself on one thread, as `trim_cache`."""
+        if self.path == ":memory:":
+            return False
+        try:
+            if os.path.getsize(self._file + ".wal") < CHECKPOINT_AT:
+                return False
+        except OSError:
+            return False
+        return self.checkpoint_bounded()
+
+    def checkpoint_bounded(self) -> bool:
+        """Move the WAL into the file now, with DuckDB's `memory_limit` at `CHECKPOINT_MEMORY` meanwhile:
+        what sets a long run's peak RSS otherwise is DuckDB's automatic checkpoint, whose transient memory
+        grows with the table. No byte of any row changes; only when the WAL is written into the file.
+        Returns whether it ran bounded: with a large value pending (`LARGE_VALUE`) it checkpoints at the
+        usual limit, as DuckDB would; on an error short of a fatal one (DuckDB's own checkpoint comes
+        later) and in memory it does nothing. For a process that has the file to itself on one thread:
+        for that moment another thread's query would get the limit."""
+        if self.path == ":memory:":
+            return False
+        bounded = self._largest_pending <= LARGE_VALUE
+        lowered = bounded and self._memory_limit is None  # a limit GRANDROUNDS_DUCKDB_SET gave is kept
+        try:
+            if lowered:
+                self._root.execute(f"SET memory_limit = '{CHECKPOINT_MEMORY}'")
+            self._root.execute("CHECKPOINT")
+        except duckdb.FatalException:
+            raise
+        except duckdb.Error:
+            return False  # pinned memory above the bound, or a transaction open: DuckDB checkpoints later
+        finally:
+            if lowered:
+                self._restore_memory_limit()
+        self._largest_pending = 0
+        return bounded
 
     def __enter__(self) -> "EventStore":
         return self
@@ -309,7 +375,9 @@ class EventStore:
                     if stored:
                         touched[run_id] = (stored[-1].seq, stored[-1].chain)
                     out.append(stored)
-            self._insert_rows(conn, [e for stored in out for e in stored])
+            rows = [e for stored in out for e in stored]
+            self._insert_rows(conn, rows)
+            self._largest_pending = max(self._largest_pending, max((len(e.canonical_payload()) for e in rows), default=0))
             self._write_offsets(conn, consumed)
             conn.execute("COMMIT")
         except ConcurrencyConflict:
@@ -436,7 +504,9 @@ class EventStore:
         conn = self.conn
         conn.execute("BEGIN TRANSACTION")
         try:
-            self._insert_columns(conn, [list(c) for c in zip(*rows)])
+            cols = [list(c) for c in zip(*rows)]
+            self._insert_columns(conn, cols)
+            self._largest_pending = max(self._largest_pending, max(map(len, cols[6])))
             conn.execute("COMMIT")
         except (duckdb.ConstraintException, duckdb.TransactionException) as exc:
             self._rollback_quietly(conn)
@@ -518,10 +588,10 @@ class EventStore:
                 if self.trim_scans and pages % TRIM_SCAN_PAGES == 0:
                     self.trim_cache()  # the pages read so far are done with: keep the pool from holding the run
                 if last is None:
-                    rows = cur.execute(f"SELECT {columns} FROM events WHERE run_id = ?{tail}",
-                                       [run_id, upto_seq, *params]).fetchall()
+                    query, args = f"SELECT {columns} FROM events WHERE run_id = ?{tail}", [run_id, upto_seq, *params]
                 else:
-                    rows = cur.execute(sql, [run_id, last, upto_seq, *params]).fetchall()
+                    query, args = sql, [run_id, last, upto_seq, *params]
+                rows = self._scan_page(cur, query, args) if self.trim_scans else cur.execute(query, args).fetchall()
                 if rows:
                     yield rows
                 if len(rows) < page:
@@ -529,6 +599,27 @@ class EventStore:
                 last = int(rows[-1][seq_at])
         finally:
             cur.close()
+
+    def _scan_page(self, cur, query: str, args: list) -> list[tuple]:
+        """One page of a whole-run read with DuckDB's `memory_limit` at `TRIM_TO` meanwhile (a store with
+        `trim_scans`: one thread, the file to itself). A page's rows sit in a row group of ~123k rows
+        whose every block DuckDB would otherwise keep: reading a 20k-case run's outcomes at the end of
+        `grandrounds run` took RSS from 157 to 191 MB. Bounded, DuckDB drops each block once read. A
+        page that needs more (very large payloads in its top-N) is read again at the usual limit: a
+        query's OutOfMemory, unlike a checkpoint's, leaves the database as it was."""
+        lowered = self._memory_limit is None
+        try:
+            if lowered:
+                self._root.execute(f"SET memory_limit = '{TRIM_TO}'")
+            return cur.execute(query, args).fetchall()
+        except duckdb.OutOfMemoryException:
+            if lowered:
+                self._restore_memory_limit()
+                lowered = False
+            return cur.execute(query, args).fetchall()
+        finally:
+            if lowered:
+                self._restore_memory_limit()
 
     def runs(self) -> list[RunInfo]:
         rows = self.conn.execute(

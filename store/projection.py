@@ -152,6 +152,7 @@ def write_checkpoint(store: EventStore, run_id: str, checkpoint: Checkpoint | No
         "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?)",
         [run_id, CHECKPOINT_NAME, checkpoint.seq, checkpoint.chain, PROJECTION_VERSION, checkpoint.blob],
     )
+    store.note_written(len(checkpoint.blob))
 
 
 def save_checkpoint(store: EventStore, run_id: str, proj: MemoryProjection) -> None:

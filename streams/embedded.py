@@ -88,6 +88,9 @@ class EmbeddedRunner:
         cache = self.ctx.projection.cache
         if cache is not None:  # new vectors go to the file with their group, not all at the end of the run:
             cache.flush()  # the cache then keeps only the recent ones in memory (store/embeddings.py)
+        # DuckDB's automatic checkpoint (at 16 MiB of WAL) holds memory that grows with the table and
+        # set a long run's peak; taken here first, it runs under a bound (EventStore.checkpoint_bounded).
+        self.ctx.writer.store.checkpoint_if_due()
         done = self.ctx.projection.state.cases_completed
         if self.trim_every and done - self._trimmed_at >= self.trim_every:
             # DuckDB keeps every block it wrote cached until 80 % of RAM: a long run held its whole

@@ -252,3 +252,183 @@ def test_runs_trim_duckdbs_cache_as_they_go(tmp_path, monkeypatch):
         assert trims.count(False) == 40 // 8  # at a group commit, every 8 cases
         assert trims.count(True) >= 20  # the summary's reads of ~200 rows, every 2 pages of 4
         assert not store.trim_scans and out.summary["fingerprint"] == store.fingerprint("r")
+
+
+def _wal_bytes(path) -> int:
+    import os
+
+    wal = f"{path}.wal"
+    return os.path.getsize(wal) if os.path.exists(wal) else 0
+
+
+def test_bounded_checkpoint_moves_the_wal_into_the_file_under_a_limit_and_restores_it(tmp_path, monkeypatch):
+    from grandrounds.store import eventstore
+    from grandrounds.store.dbsettings import SETTINGS_ENV
+    from grandrounds.store.eventstore import EventStore
+    from grandrounds.store.events import NewEvent
+    from grandrounds.store import event_types as ev
+
+    monkeypatch.delenv(SETTINGS_ENV, raising=False)
+    db = tmp_path / "c.duckdb"
+    limits: list[str] = []
+    with EventStore(db) as store:
+        real = store._root.execute
+
+        class Spy:  # records every SET memory_limit the store makes on its root connection
+            def execute(self, sql, *a):
+                if "memory_limit" in sql:
+                    limits.append(sql)
+                return real(sql, *a)
+
+        store.append("r", [NewEvent(ev.CaseCompleted(index=i, correct=True)) for i in range(200)], -1)
+        fp = store.fingerprint("r")
+        before = store.conn.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+        assert _wal_bytes(db) > 0
+        assert store.checkpoint_if_due() is False and _wal_bytes(db) > 0  # far below CHECKPOINT_AT
+        monkeypatch.setattr(eventstore, "CHECKPOINT_AT", 1)
+        store._root = Spy()
+        assert store.checkpoint_if_due() is True
+        store._root = real.__self__
+        assert _wal_bytes(db) == 0  # in the file now
+        assert limits[0] == f"SET memory_limit = '{eventstore.CHECKPOINT_MEMORY}'" and "RESET" in limits[-1]
+        assert store.conn.execute("SELECT current_setting('memory_limit')").fetchone()[0] == before
+        assert store.fingerprint("r") == fp and store.verify_chain("r") is None
+
+
+def test_no_bounded_checkpoint_while_a_large_value_is_pending(tmp_path, monkeypatch):
+    from grandrounds.store import eventstore
+    from grandrounds.store.dbsettings import SETTINGS_ENV
+    from grandrounds.store.eventstore import EventStore
+    from grandrounds.store.events import NewEvent
+    from grandrounds.store import event_types as ev
+
+    monkeypatch.delenv(SETTINGS_ENV, raising=False)
+    db = tmp_path / "c.duckdb"
+    with EventStore(db) as store:
+        store.append("r", [NewEvent(ev.CaseCompleted(index=0, correct=True))], -1)
+        before = store.conn.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+        # a memory checkpoint blob above LARGE_VALUE is pending: a checkpoint must pin it whole, and one
+        # that cannot is fatal to the database, so DuckDB's own checkpoint (at its usual limit) takes it
+        store.note_written(eventstore.LARGE_VALUE + 1)
+        limits: list[str] = []
+        real = store._root.execute
+
+        class Spy:
+            def execute(self, sql, *a):
+                limits.append(sql)
+                return real(sql, *a)
+
+        store._root = Spy()
+        assert store.checkpoint_bounded() is False and _wal_bytes(db) == 0  # checkpointed, but not bounded
+        store._root = real.__self__
+        assert limits == ["CHECKPOINT"]  # at the usual limit, as DuckDB's own would be
+        assert store.conn.execute("SELECT current_setting('memory_limit')").fetchone()[0] == before
+        store.append("r", [NewEvent(ev.CaseCompleted(index=1, correct=True))], 0)  # small values only
+        store.append("r", [NewEvent(ev.CaseCompleted(index=2, correct=True))], 1)
+        assert store.checkpoint_bounded() is True  # and the next one is bounded again
+        assert [e.seq for e in store.read("r")] == [0, 1, 2]
+
+
+def test_a_run_takes_duckdbs_checkpoints_itself(tmp_path, monkeypatch):
+    from grandrounds.app import run_cases
+    from grandrounds.handlers.cases import Case
+    from grandrounds.handlers.policies.config import load_policy
+    from grandrounds.handlers.runs import RunSpec
+    from grandrounds.store import eventstore
+    from grandrounds.store.embeddings import EmbeddingCache
+    from grandrounds.store.eventstore import EventStore
+    from grandrounds.streams.embedded import GroupCommit
+    from tests.llm_helpers import HashEmbedder
+
+    monkeypatch.setattr(eventstore, "CHECKPOINT_AT", 20_000)  # a few groups' worth of WAL
+    ran: list[bool] = []
+    real = EventStore.checkpoint_bounded
+    monkeypatch.setattr(EventStore, "checkpoint_bounded", lambda self: ran.append(real(self)) or ran[-1])
+    cases = [Case(case_id=f"c{i}", kind="mcq", question=f"Which organ {i % 5} case {i}?",
+                  options={"A": "yes", "B": "no"}, answer="A") for i in range(40)]
+    with EventStore(tmp_path / "r.duckdb") as store:
+        cache = EmbeddingCache(HashEmbedder(), store.conn, machine=None)
+        out = run_cases(store, cases, RunSpec(policy=load_policy("none")), run_id="r", cache=cache,
+                        group=GroupCommit(cases=4, ms=1e9))
+        assert len(ran) >= 3 and all(ran)  # at group commits as the WAL passed the mark, and at the end
+        assert _wal_bytes(tmp_path / "r.duckdb") == 0
+        assert out.summary["fingerprint"] == store.fingerprint("r")
+
+
+def test_a_wal_left_by_another_process_is_checkpointed_at_the_usual_limit(tmp_path, monkeypatch):
+    """What a WAL from a crashed process holds is unknown (a large value, maybe): the first checkpoint of
+    the process that reopens the file is not bounded, since a bounded one that cannot pin a value is fatal."""
+    import shutil
+
+    from grandrounds.store.dbsettings import SETTINGS_ENV
+    from grandrounds.store.eventstore import EventStore
+    from grandrounds.store.events import NewEvent
+    from grandrounds.store import event_types as ev
+
+    monkeypatch.delenv(SETTINGS_ENV, raising=False)
+    live = tmp_path / "live.duckdb"
+    store = EventStore(live)
+    store.conn.execute("SET checkpoint_threshold = '1TB'")
+    store.append("r", [NewEvent(ev.CaseCompleted(index=i, correct=True)) for i in range(50)], -1)
+    crashed = tmp_path / "crashed.duckdb"
+    shutil.copyfile(live, crashed)  # the files as a SIGKILL leaves them: rows committed to the WAL only
+    shutil.copyfile(f"{live}.wal", f"{crashed}.wal")
+    assert _wal_bytes(crashed) > 0
+    store.close()
+    with EventStore(crashed) as reopened:
+        if _wal_bytes(crashed):  # DuckDB 2.0 replays it at open and keeps it: the first checkpoint is ours
+            assert reopened.checkpoint_bounded() is False and _wal_bytes(crashed) == 0
+        reopened.append("r", [NewEvent(ev.CaseCompleted(index=50, correct=True))], 49)
+        assert reopened.checkpoint_bounded() is True  # from then on it knows what the WAL holds
+        assert len(reopened.read("r")) == 51
+
+
+def test_whole_run_reads_page_under_a_bound_and_read_a_page_too_big_for_it_again(tmp_path, monkeypatch):
+    import duckdb
+
+    from grandrounds.store import eventstore
+    from grandrounds.store.dbsettings import SETTINGS_ENV
+    from grandrounds.store.eventstore import EventStore
+    from grandrounds.store.events import NewEvent
+    from grandrounds.store.llm_events import CaseFailed
+
+    monkeypatch.delenv(SETTINGS_ENV, raising=False)
+    monkeypatch.setattr(eventstore, "SCAN_PAGE", 8)
+    with EventStore(tmp_path / "s.duckdb", codec=None) as store:
+        big = "x" * 400_000  # 8 of these in one page's top-N: more than the bound set below
+        store.append("r", [NewEvent(CaseFailed(stage="act", reason=f"{i} {big}"), case_id=f"c{i}")
+                           for i in range(24)], -1)
+        store.conn.execute("CHECKPOINT")
+        fp = store.fingerprint("r")
+        before = store.conn.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+        attempts: list[str] = []
+
+        class Cursor:  # what each page query ran under, and whether it failed for memory
+            def __init__(self, cur):
+                self.cur = cur
+
+            def execute(self, query, args=()):
+                limit = store._root.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+                try:
+                    out = self.cur.execute(query, args)
+                    attempts.append(f"ok at {limit}")
+                    return out
+                except duckdb.OutOfMemoryException:
+                    attempts.append(f"oom at {limit}")
+                    raise
+
+            def __getattr__(self, name):
+                return getattr(self.cur, name)
+
+        real_scan = EventStore._scan_page
+        monkeypatch.setattr(EventStore, "_scan_page", lambda self, cur, q, a: real_scan(self, Cursor(cur), q, a))
+        store.trim_scans = True
+        monkeypatch.setattr(eventstore, "TRIM_TO", "2MB")
+        assert store.fingerprint("r") == fp  # the same rows, whether read bounded or again
+        assert any(a.startswith("oom at") for a in attempts), attempts  # a page too big for 2 MB ...
+        assert any(a.startswith("ok at") and "2.0 MiB" not in a for a in attempts), attempts  # ... read again
+        monkeypatch.setattr(eventstore, "TRIM_TO", "64MB")
+        attempts.clear()
+        assert store.fingerprint("r") == fp
+        assert attempts and all(a == "ok at 61.0 MiB" for a in attempts), attempts  # every page bounded
+        assert store.conn.execute("SELECT current_setting('memory_limit')").fetchone()[0] == before
