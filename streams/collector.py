@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 from typing import Iterator
 
@@ -30,6 +31,19 @@ YOUNG_THRESHOLD = 10_000
 _lock = threading.Lock()
 _depth = 0
 _saved: tuple[int, int, int] | None = None
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (replay workers fork on Linux) gets a fresh lock: one held by another thread at the
+    fork would never be released there. The rest is kept: a run the parent was in the middle of does
+    not run in the child, so a heap frozen then stays frozen, tuned, for the child's life (as the Kafka
+    worker's is)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager

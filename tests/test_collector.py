@@ -76,3 +76,31 @@ def test_an_owners_tuning_is_left_alone():
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def _child_runs_a_block(conn) -> None:
+    with fewer_collections():
+        pass
+    conn.send("done")
+
+
+def test_a_forked_child_does_not_inherit_a_held_lock():
+    """Replay workers fork on Linux: a fork while another thread holds the collector's lock must not leave
+    the child's first run waiting for it forever."""
+    import multiprocessing
+    import sys
+
+    from grandrounds.streams import collector
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("fork start method")
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    with collector._lock:  # as if another thread were inside fewer_collections at the fork
+        proc = ctx.Process(target=_child_runs_a_block, args=(child,))
+        proc.start()
+        got = parent.recv() if parent.poll(20) else None
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+    assert got == "done"
