@@ -550,7 +550,7 @@ class EventStore:
         if case_id is not None:
             where += " AND case_id = ?"
             params.append(case_id)
-        pages = self._ordered(self._COLUMNS, 1, run_id, after_seq=after_seq, upto_seq=upto_seq,
+        pages = self._ordered(self._COLUMNS, run_id, after_seq=after_seq, upto_seq=upto_seq,
                               page=max(1, min(batch, SCAN_PAGE)), where=where, params=params)
         try:
             for rows in pages:
@@ -559,14 +559,14 @@ class EventStore:
         finally:
             pages.close()
 
-    def _ordered(self, columns: str, seq_at: int, run_id: str, after_seq: int | None = -1,
+    def _ordered(self, columns: str, run_id: str, after_seq: int | None = -1,
                  upto_seq: int | None = None, page: int | None = None, where: str = "",
                  params: Sequence = ()) -> Iterator[list[tuple]]:
-        """A run's rows in seq order, `page` rows a query (keyset: seq > the last one read, LIMIT page).
+        """A run's rows in seq order, a window of `page` seqs a query.
 
         One `ORDER BY seq` over a whole run makes DuckDB sort every row, payloads included, before
         the first comes back: a 10,000-case run's fingerprint raised peak RSS by ~70 MB, ~7 KB a
-        case (README, flat memory). A LIMIT keeps only a page in the sort. Same rows, same order.
+        case (README, flat memory). A window keeps only a page in the sort. Same rows, same order.
         The pages stop at the run's last seq when they start (`upto_seq` when given): rows up to
         there are never rewritten (append-only), so what a writer appends meanwhile is left out, as
         one query's snapshot would. `where` (with its `params`) narrows the rows further; the caller's
@@ -578,25 +578,37 @@ class EventStore:
             if upto_seq is None:
                 cur.close()
                 return
-        tail = f" AND seq <= ?{where} ORDER BY seq LIMIT {int(page)}"
-        sql = f"SELECT {columns} FROM events WHERE run_id = ? AND seq > ?{tail}"
+        # A window of seqs a query, not `seq > last ORDER BY seq LIMIT page`: to find the next `page` seqs
+        # DuckDB had to scan every row after `last` (it does not know rows lie in seq order), so a whole
+        # run cost a scan of the rest per page, quadratic (a 100k-case run's fingerprint: 21 s), and
+        # pulled every later block into memory. A window's bounds let its zone maps skip all but the
+        # blocks holding it. A run's seqs are contiguous, so a window holds `page` rows at most (fewer
+        # with `where`); any row within (after_seq, upto_seq] is still read, gaps or not.
+        sql = f"SELECT {columns} FROM events WHERE run_id = ? AND seq > ? AND seq <= ?{where} ORDER BY seq"
+        first = f"SELECT {columns} FROM events WHERE run_id = ? AND seq <= ?{where} ORDER BY seq"
+        low = after_seq
+        if where and low is not None:  # a few rows of a long run (one case's): windows over their span only
+            span = cur.execute(f"SELECT min(seq), max(seq) FROM events WHERE run_id = ? AND seq > ? AND seq <= ?{where}",
+                               [run_id, low, upto_seq, *params]).fetchone()
+            if span[0] is None:
+                cur.close()
+                return
+            low, upto_seq = int(span[0]) - 1, int(span[1])
         try:
-            last = after_seq
-            pages = 0
-            while True:
-                pages += 1
-                if self.trim_scans and pages % TRIM_SCAN_PAGES == 0:
+            windows = 0
+            while low is None or low < upto_seq:
+                windows += 1
+                if self.trim_scans and windows % TRIM_SCAN_PAGES == 0:
                     self.trim_cache()  # the pages read so far are done with: keep the pool from holding the run
-                if last is None:
-                    query, args = f"SELECT {columns} FROM events WHERE run_id = ?{tail}", [run_id, upto_seq, *params]
+                high = min(upto_seq, (-1 if low is None else low) + int(page))
+                if low is None:  # from any seq: a row with a negative one (tampering) is read too
+                    query, args = first, [run_id, high, *params]
                 else:
-                    query, args = sql, [run_id, last, upto_seq, *params]
+                    query, args = sql, [run_id, low, high, *params]
                 rows = self._scan_page(cur, query, args) if self.trim_scans else cur.execute(query, args).fetchall()
                 if rows:
                     yield rows
-                if len(rows) < page:
-                    return
-                last = int(rows[-1][seq_at])
+                low = high
         finally:
             cur.close()
 
@@ -635,7 +647,7 @@ class EventStore:
         import hashlib
 
         h = hashlib.sha256()
-        rows = self._ordered("seq, type, payload", 0, run_id, upto_seq=upto_seq)
+        rows = self._ordered("seq, type, payload", run_id, upto_seq=upto_seq)
         try:
             for page in rows:
                 for seq, type_, payload in page:
@@ -668,7 +680,7 @@ class EventStore:
         chain = ""
         expected_seq = 0
         head_chain: str | None = None
-        pages = self._ordered("seq, type, schema_version, case_id, causation_seq, payload, meta, chain", 0, run_id,
+        pages = self._ordered("seq, type, schema_version, case_id, causation_seq, payload, meta, chain", run_id,
                               after_seq=None)
         try:
             for rows in pages:

@@ -207,7 +207,8 @@ def test_prepared_rows_are_written_as_previewed_and_must_continue_the_log(tmp_pa
 
 
 class _SqlSpy:
-    """Stands in for the store's DuckDB connection and records the SQL of every cursor it hands out."""
+    """Stands in for the store's DuckDB connection and records the SQL (and parameters) of every cursor it
+    hands out."""
 
     def __init__(self, inner, log: list[str]):
         self._inner, self._log = inner, log
@@ -216,7 +217,7 @@ class _SqlSpy:
         return _SqlSpy(self._inner.cursor(), self._log)
 
     def execute(self, sql, params=None):
-        self._log.append(sql)
+        self._log.append((sql, params))
         self._inner.execute(sql, params)
         return self
 
@@ -235,7 +236,7 @@ def test_iter_reads_in_pages_with_the_same_rows_and_filters(tmp_path, monkeypatc
         s.append("r", [_received(i), _received(i + 1)], i - 1)
     s.append("other", [_received(0)], -1)
     monkeypatch.setattr(eventstore, "SCAN_PAGE", 3)
-    sql: list[str] = []
+    sql: list[tuple] = []
     s._root = _SqlSpy(s._root, sql)
 
     def seqs(**kw) -> list[int]:
@@ -245,13 +246,33 @@ def test_iter_reads_in_pages_with_the_same_rows_and_filters(tmp_path, monkeypatc
     assert seqs(case_id="c7") == [7] and seqs(types=["case.received"]) == list(range(10))
     assert seqs(types=["run.started"]) == [] and [e.seq for e in s.iter("none")] == []
     assert [e.decode().case["case_id"] for e in s.iter("r", upto_seq=2)] == ["c0", "c1", "c2"]
-    scans = [q for q in sql if "ORDER BY seq" in q]
-    assert len(scans) >= 4 + 2 + 1 + 4 and all("LIMIT 3" in q for q in scans), scans
+    scans = [(q, p) for q, p in sql if "ORDER BY seq" in q]
+    # a window of seqs a query (not `LIMIT page`, which made DuckDB scan the rest of the run each page)
+    assert len(scans) >= 4 + 2 + 1 + 4 and not any("LIMIT" in q for q, _ in scans), scans
+    assert all(p[2] - p[1] <= 3 for q, p in scans if "seq > ? AND seq <= ?" in q), scans
     reading = s.iter("r")
     first = next(reading)
     s._root = s._root._inner
     s.append("r", [_received(10)], 9)  # appended mid-read: after the snapshot's last seq
     assert [first.seq, *(e.seq for e in reading)] == list(range(10))
+    s.close()
+
+
+def test_a_filtered_read_windows_over_the_span_of_its_rows_only(tmp_path, monkeypatch):
+    """One case's events of a long run: its seqs' span is found first, then read in windows, rather than
+    every window of the run being queried for the few rows of one case."""
+    from grandrounds.store import eventstore
+
+    s = EventStore(tmp_path / "w.duckdb", codec=None)
+    s.append("r", [_received(i) for i in range(40)], -1)
+    monkeypatch.setattr(eventstore, "SCAN_PAGE", 3)
+    sql: list[tuple] = []
+    s._root = _SqlSpy(s._root, sql)
+    assert [e.seq for e in s.iter("r", case_id="c31")] == [31]
+    windows = [p for q, p in sql if "ORDER BY seq" in q]
+    assert windows == [["r", 30, 31, "c31"]], sql  # one window, where the case's rows are
+    assert [e.seq for e in s.iter("r", case_id="nobody")] == []
+    s._root = s._root._inner
     s.close()
 
 
@@ -276,15 +297,17 @@ def test_whole_run_reads_go_in_pages_with_the_same_results(tmp_path, monkeypatch
 
     want = {upto: by_hand(upto) for upto in (9, 4, 5)}
     monkeypatch.setattr(eventstore, "SCAN_PAGE", 3)
-    sql: list[str] = []
+    sql: list[tuple] = []
     s._root = _SqlSpy(s._root, sql)
     assert s.fingerprint("r") == want[9]
     assert s.fingerprint("r", upto_seq=4) == want[4]
     assert s.fingerprint("r", upto_seq=5) == want[5]  # the page ends on the bound
     check = s.check_chain("r")
     assert (check.break_seq, check.events, check.head_seq) == (None, 10, 9)
-    scans = [q for q in sql if "ORDER BY seq" in q]
-    assert len(scans) >= 4 + 2 + 2 + 4 and all("LIMIT 3" in q for q in scans), scans
+    scans = [(q, p) for q, p in sql if "ORDER BY seq" in q]
+    # a window of seqs a query (not `LIMIT page`, which made DuckDB scan the rest of the run each page)
+    assert len(scans) >= 4 + 2 + 2 + 4 and not any("LIMIT" in q for q, _ in scans), scans
+    assert all(p[2] - p[1] <= 3 for q, p in scans if "seq > ? AND seq <= ?" in q), scans
     assert s.fingerprint("empty") == hashlib.sha256().hexdigest() and s.check_chain("empty").events == 0
     s._root = s._root._inner
     s.conn.execute("DELETE FROM events WHERE run_id = 'r' AND seq = 4")  # behind the API
