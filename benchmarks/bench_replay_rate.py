@@ -97,13 +97,11 @@ def main() -> None:
         return
     sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
     from bench_replay import build_source
+    from benchmarks.common import child_builds
 
     source = work / f"source-{a.cases}.duckdb"
     build_source(source, a.cases)
-    # A relative PYTHON (`.venv/bin/python`) is taken from here: the children run in --workdir. abspath, not
-    # resolve(): a venv's python is a link, and following it would leave the venv.
-    builds = {name: os.path.abspath(py) if os.sep in py else py
-              for name, py in (b.split("=", 1) for b in a.build)} or {"this": sys.executable}
+    builds = child_builds(a.build, sys.executable)  # the children run in --workdir: absolute paths
     results: dict = {n: [] for n in builds}
     for r in range(a.rounds):
         order = list(builds.items())

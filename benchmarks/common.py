@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import resource
 import shutil
 import statistics
@@ -36,6 +37,14 @@ def unit_vector(rng: np.random.Generator, dim: int = 384) -> np.ndarray:
     """A random float32 direction: a synthetic item's embedding (the items need not mean anything)."""
     vec = rng.standard_normal(dim).astype(np.float32)
     return vec / np.linalg.norm(vec)
+
+
+def child_builds(specs: Sequence[str], default: str) -> dict[str, str]:
+    """`--build NAME=PYTHON` options as {name: python}; `default` (this interpreter) when none. A relative
+    PYTHON (`.venv/bin/python`) is made absolute here, since children run in a work folder: abspath, not
+    resolve(), as a venv's python is a link, and following it would leave the venv."""
+    return {name: os.path.abspath(py) if os.sep in py else py
+            for name, py in (b.split("=", 1) for b in specs)} or {"this": default}
 
 
 def bench_dir(prefix: str) -> Path:

@@ -226,29 +226,35 @@ def test_trim_cache_evicts_duckdbs_cached_blocks_and_restores_the_limit(tmp_path
             assert store.conn.execute("SELECT sum(length(p)) FROM scratch").fetchone()[0] == total
 
 
-def test_runs_trim_duckdbs_cache_as_they_go(tmp_path, monkeypatch):
+def _forty_cases_in_groups_of_4(store):
+    """A `none` run of 40 small cases committed 4 at a time, in `store` (HashEmbedder: no model)."""
     from grandrounds.app import run_cases
     from grandrounds.handlers.cases import Case
     from grandrounds.handlers.policies.config import load_policy
     from grandrounds.handlers.runs import RunSpec
-    from grandrounds.store import eventstore
     from grandrounds.store.embeddings import EmbeddingCache
-    from grandrounds.store.eventstore import EventStore
-    import grandrounds.streams.embedded as embedded
     from grandrounds.streams.embedded import GroupCommit
     from tests.llm_helpers import HashEmbedder
+
+    cases = [Case(case_id=f"c{i}", kind="mcq", question=f"Which organ {i % 5} case {i}?",
+                  options={"A": "yes", "B": "no"}, answer="A") for i in range(40)]
+    cache = EmbeddingCache(HashEmbedder(), store.conn, machine=None)
+    return run_cases(store, cases, RunSpec(policy=load_policy("none")), run_id="r", cache=cache,
+                     group=GroupCommit(cases=4, ms=1e9))
+
+
+def test_runs_trim_duckdbs_cache_as_they_go(tmp_path, monkeypatch):
+    from grandrounds.store import eventstore
+    from grandrounds.store.eventstore import EventStore
+    import grandrounds.streams.embedded as embedded
 
     monkeypatch.setattr(embedded, "TRIM_EVERY", 8)
     monkeypatch.setattr(eventstore, "SCAN_PAGE", 4)
     monkeypatch.setattr(eventstore, "TRIM_SCAN_PAGES", 2)
     trims: list[bool] = []  # whether each trim came from a whole-run read
     monkeypatch.setattr(EventStore, "trim_cache", lambda self: trims.append(self.trim_scans))
-    cases = [Case(case_id=f"c{i}", kind="mcq", question=f"Which organ {i % 5} case {i}?",
-                  options={"A": "yes", "B": "no"}, answer="A") for i in range(40)]
     with EventStore(tmp_path / "r.duckdb") as store:
-        cache = EmbeddingCache(HashEmbedder(), store.conn, machine=None)
-        out = run_cases(store, cases, RunSpec(policy=load_policy("none")), run_id="r", cache=cache,
-                        group=GroupCommit(cases=4, ms=1e9))
+        out = _forty_cases_in_groups_of_4(store)
         assert trims.count(False) == 40 // 8  # at a group commit, every 8 cases
         assert trims.count(True) >= 20  # the summary's reads of ~200 rows, every 2 pages of 4
         assert not store.trim_scans and out.summary["fingerprint"] == store.fingerprint("r")
@@ -330,26 +336,15 @@ def test_no_bounded_checkpoint_while_a_large_value_is_pending(tmp_path, monkeypa
 
 
 def test_a_run_takes_duckdbs_checkpoints_itself(tmp_path, monkeypatch):
-    from grandrounds.app import run_cases
-    from grandrounds.handlers.cases import Case
-    from grandrounds.handlers.policies.config import load_policy
-    from grandrounds.handlers.runs import RunSpec
     from grandrounds.store import eventstore
-    from grandrounds.store.embeddings import EmbeddingCache
     from grandrounds.store.eventstore import EventStore
-    from grandrounds.streams.embedded import GroupCommit
-    from tests.llm_helpers import HashEmbedder
 
     monkeypatch.setattr(eventstore, "CHECKPOINT_AT", 20_000)  # a few groups' worth of WAL
     ran: list[bool] = []
     real = EventStore.checkpoint_bounded
     monkeypatch.setattr(EventStore, "checkpoint_bounded", lambda self: ran.append(real(self)) or ran[-1])
-    cases = [Case(case_id=f"c{i}", kind="mcq", question=f"Which organ {i % 5} case {i}?",
-                  options={"A": "yes", "B": "no"}, answer="A") for i in range(40)]
     with EventStore(tmp_path / "r.duckdb") as store:
-        cache = EmbeddingCache(HashEmbedder(), store.conn, machine=None)
-        out = run_cases(store, cases, RunSpec(policy=load_policy("none")), run_id="r", cache=cache,
-                        group=GroupCommit(cases=4, ms=1e9))
+        out = _forty_cases_in_groups_of_4(store)
         assert len(ran) >= 3 and all(ran)  # at group commits as the WAL passed the mark, and at the end
         assert _wal_bytes(tmp_path / "r.duckdb") == 0
         assert out.summary["fingerprint"] == store.fingerprint("r")
