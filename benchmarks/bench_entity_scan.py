@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -83,20 +82,12 @@ def main() -> None:
         return
     sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
     from bench_replay import build_source
-    from benchmarks.common import child_builds
+    from benchmarks.common import child_builds, run_children
 
     source = work / f"source-{a.cases}.duckdb"
     build_source(source, a.cases)
     builds = child_builds(a.build, sys.executable)  # the children run in --workdir: absolute paths
-    results: dict = {n: [] for n in builds}
-    for r in range(a.rounds):
-        order = list(builds.items())
-        for name, python in (order if r % 2 == 0 else order[::-1]):
-            out = subprocess.run([python, __file__, "--child", str(source), "--workdir", str(work)],
-                                 capture_output=True, text=True, cwd=work)
-            if out.returncode != 0:
-                raise RuntimeError(f"{name}: {out.stderr[-2000:]}")
-            results[name].append(json.loads(out.stdout))
+    results = run_children(__file__, builds, a.rounds, ["--child", str(source), "--workdir", str(work)], work)
     digests = {run["digest"] for runs in results.values() for run in runs}
     print(f"entity scan of the strings one {a.cases}-case replay pass scans, us a string (best of 7), per round; "
           f"same spans in every build: {len(digests) == 1}")

@@ -47,6 +47,23 @@ def child_builds(specs: Sequence[str], default: str) -> dict[str, str]:
             for name, py in (b.split("=", 1) for b in specs)} or {"this": default}
 
 
+def run_children(script: str, builds: dict[str, str], rounds: int, args: list[str], work: Path) -> dict[str, list]:
+    """Run `script --child ... args` once per build per round, the builds' order reversed every other round
+    (the machine's drift falls on each alike), in `work`; each child prints one JSON object."""
+    import json
+    import subprocess
+
+    results: dict[str, list] = {n: [] for n in builds}
+    order = list(builds.items())
+    for r in range(rounds):
+        for name, python in (order if r % 2 == 0 else order[::-1]):
+            out = subprocess.run([python, script, *args], capture_output=True, text=True, cwd=work)
+            if out.returncode != 0:
+                raise RuntimeError(f"{name}: {out.stderr[-2000:]}")
+            results[name].append(json.loads(out.stdout))
+    return results
+
+
 def bench_dir(prefix: str) -> Path:
     """A temp folder removed when the benchmark exits (a 10k-item run leaves ~50 MB of DuckDB files)."""
     path = Path(tempfile.mkdtemp(prefix=prefix))
