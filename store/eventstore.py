@@ -45,13 +45,14 @@ CHECKPOINT_AT = 12 * 2**20
 """WAL bytes from which `checkpoint_if_due` checkpoints: below DuckDB's own automatic threshold (16 MiB),
 so a run that calls it at every group commit takes its checkpoints itself, bounded."""
 
-CHECKPOINT_MEMORY = "32MB"
+CHECKPOINT_MEMORY = "16MB"
 """DuckDB's `memory_limit` while `checkpoint_bounded` checkpoints. At its usual limit (80 % of RAM) a
 checkpoint's transient memory grew with the table: 226 MB of RSS at 12k cases, 470 MB at 53k (README,
 "Flat memory"); bounded, it evicts as it writes (300k event-sized rows in one process: peak RSS 304 MB
-at DuckDB's defaults, 141 bounded at 64MB, 112 at 32MB, 97 at 16MB)."""
+at DuckDB's defaults, 141 bounded at 64MB, 112 at 32MB, 97 at 16MB; a whole 100k-case `grandrounds
+run --policy none`: 179.8 MB at 32MB)."""
 
-LARGE_VALUE = 4 * 2**20
+LARGE_VALUE = 2**20
 """A value this large written since the last checkpoint (a memory checkpoint blob) leaves the next
 checkpoint to DuckDB, at its usual limit: a checkpoint pins each value whole, and one that cannot is
 fatal to the database (it must be reopened)."""
