@@ -9,6 +9,8 @@ answer.given, ..., case.completed), each case's batch kept together. Both stores
 folder (removed at exit) and commit:
   per case   one transaction per case (what `--commit case` does),
   per group  one transaction per --group cases (what `--commit group`, the default, does).
+A third line times DuckDB's part alone: the same rows' stored texts inserted and committed the same way
+(what is left of grandrounds' figure once serialising, hashing and sealing are taken out).
 grandrounds' figure includes everything `EventStore.append` does per event (canonical JSON, the hash
 chain, the multi-row INSERT); eventsourcing's gets the payload as ready-made bytes (its recorder
 does no serialisation: that is its mapper's job, not timed here), so the comparison favours it.
@@ -69,6 +71,23 @@ def grandrounds_rate(folder: Path, groups: list[list], tag: str) -> float:
     return sum(len(g) for g in groups) / dt
 
 
+def duckdb_insert_rate(folder: Path, groups: list[list], tag: str) -> float:
+    """DuckDB's part alone: the same rows, already serialised, hashed and sealed (their stored texts),
+    inserted into the store's `events` table and committed a group at a time, as `append` does last."""
+    with EventStore(folder / f"raw-{tag}.duckdb", codec=None) as store:
+        cols_of = [[list(c) for c in zip(*[(e.run_id, e.seq, e.type, e.schema_version, e.case_id, e.causation_seq,
+                                             e.canonical_payload(), e.canonical_meta(), e.chain) for e in g])]
+                   for g in groups]
+        conn = store.conn
+        t = time.perf_counter()
+        for cols in cols_of:
+            conn.execute("BEGIN TRANSACTION")
+            EventStore._insert_columns(conn, cols)
+            conn.execute("COMMIT")
+        dt = time.perf_counter() - t
+    return sum(len(g) for g in groups) / dt
+
+
 def eventsourcing_rate(folder: Path, groups: list[list], tag: str) -> float:
     from eventsourcing.persistence import StoredEvent as EsEvent
     from eventsourcing.sqlite import SQLiteAggregateRecorder, SQLiteDatastore
@@ -95,20 +114,23 @@ def main() -> None:
     batches = case_batches(a.cases)
     folder = bench_dir("gr-bench-append-")
     modes = {"per case": batches, f"per group of {a.group} cases": grouped(batches, a.group)}
-    rates: dict = {m: {"grandrounds (DuckDB)": [], "eventsourcing (SQLite)": []} for m in modes}
+    rates: dict = {m: {"grandrounds (DuckDB)": [], "eventsourcing (SQLite)": [], "DuckDB insert alone": []}
+                   for m in modes}
     for r in range(a.rounds):
         for m, groups in modes.items():
             tag = f"{r}-{len(groups)}"
-            order = [("grandrounds (DuckDB)", grandrounds_rate), ("eventsourcing (SQLite)", eventsourcing_rate)]
+            order = [("grandrounds (DuckDB)", grandrounds_rate), ("eventsourcing (SQLite)", eventsourcing_rate),
+                     ("DuckDB insert alone", duckdb_insert_rate)]
             for name, fn in (order if r % 2 == 0 else order[::-1]):  # alternate who goes first
                 rates[m][name].append(fn(folder, groups, tag))
     events = sum(len(b) for b in batches)
     out = {"cases": a.cases, "events": events, "events_per_case": round(events / len(batches), 1),
            "rounds": a.rounds, "loadavg_1min": round(os.getloadavg()[0], 1), "events_per_s": {}}
     for m, by in rates.items():
-        gr, es = by["grandrounds (DuckDB)"], by["eventsourcing (SQLite)"]
+        gr, es, raw = by["grandrounds (DuckDB)"], by["eventsourcing (SQLite)"], by["DuckDB insert alone"]
         out["events_per_s"][m] = {"grandrounds": [round(min(gr)), round(max(gr))],
                                   "eventsourcing": [round(min(es)), round(max(es))],
+                                  "duckdb_insert_alone": [round(min(raw)), round(max(raw))],
                                   "ratio_per_round": [round(g / e, 2) for g, e in zip(gr, es)]}
     if a.json:
         print(json.dumps(out))
@@ -118,6 +140,7 @@ def main() -> None:
     for m, v in out["events_per_s"].items():
         print(f"  {m:<26} grandrounds {v['grandrounds'][0]:>7}-{v['grandrounds'][1]:<7} "
               f"eventsourcing {v['eventsourcing'][0]:>7}-{v['eventsourcing'][1]:<7} "
+              f"DuckDB insert alone {v['duckdb_insert_alone'][0]:>7}-{v['duckdb_insert_alone'][1]:<7} "
               f"grandrounds/eventsourcing {v['ratio_per_round']}")
 
 
