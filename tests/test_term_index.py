@@ -88,3 +88,27 @@ def test_the_idf_floor_is_the_plain_sum_over_the_sorted_vocabulary_as_texts_arri
         ref = sum([math.log(n - df[w] + 0.5) - math.log(df[w] + 0.5) for w in sorted(df)])
         assert index._idf() == (n, TermIndex.EPSILON * ref / len(df))
         assert index._vocab == sorted(df) and index._dfs.tolist() == [df[w] for w in index._vocab]
+
+
+def test_memory_keeps_its_term_index_in_step_as_episodes_arrive_between_queries():
+    """`EvoMemory.term_index` adds only the episodes stored since it was last asked (taken from the
+    end of memory): the index it keeps equals one built from every episode in order, however the
+    arrivals fall between queries."""
+    from grandrounds.handlers.policies.evo_medagent import events as evo
+    from grandrounds.handlers.policies.evo_medagent.memory import new_part
+
+    memory = new_part(dim=4, exact_limit=64)
+    batches = [1, 3, 1, 2, len(TEXTS) - 7]
+    seq = 0
+    for size in batches:
+        for _ in range(size):
+            memory.fold(seq, evo.EpisodeStored(episode_id=f"ep-{seq}", case_id=f"c-{seq}", descriptor=TEXTS[seq],
+                                              trace=[], answer="A", gold="A", correct=True, summary="s",
+                                              guideline="g", trigger=[]))
+            seq += 1
+        kept = memory.term_index()
+        fresh = TermIndex()
+        for ep in memory.episodes.values():
+            fresh.add(ep.episode_id, ep.descriptor)
+        assert list(kept.tf) == list(fresh.tf) == [f"ep-{i}" for i in range(seq)]
+        assert kept.scores(QUERIES[0], list(fresh.tf)) == fresh.scores(QUERIES[0], list(fresh.tf))
