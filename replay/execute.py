@@ -137,6 +137,7 @@ def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob,
         # Rows as the scratch store holds them (the same codec sealed them): no decoding, no re-encoding.
         target.import_rows(list(EventLog(scratch).stored_rows([job.run_id],
                                                               after_seq=existing[-1].seq if existing else -1)))
+    target.checkpoint_if_due()  # bounded, rather than by DuckDB inside a later commit (`run_jobs` does the same)
     cache.flush()
     return JobResult(job.run_id, processed, time.perf_counter() - t0, cache.misses - misses0)
 
@@ -285,6 +286,10 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
                 out = fut.result()
                 target.import_rows(out["rows"])  # re-checks every chain hash over the texts it writes
                 _keep_vectors(target, out["vectors"])
+                # Into the file now, while the workers still run: a run's rows are ~15 MB of WAL, and what
+                # was left for DuckDB took its checkpoints at a later import and at close, after the last
+                # worker had finished (3.5 s of a 5 x 2,500 replay's wall was the close's checkpoint).
+                target.checkpoint_if_due()
                 results[j.run_id] = JobResult(j.run_id, out["processed"], out["seconds"], out["misses"], worker=True,
                                               fingerprint=out["fingerprint"])
                 if on_done:

@@ -7,6 +7,7 @@ speed only. These tests pin the choice, its override, and that the runs are the 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -83,3 +84,27 @@ def test_forked_and_spawned_workers_write_what_one_process_writes(db_copy, monke
             assert store.verify_chain(r["run_id"]) is None
             # the fingerprint the worker reported is the one the file gives
             assert store.fingerprint(r["run_id"]) == r["fingerprint"]
+
+
+def test_the_replay_process_checkpoints_each_workers_run_as_it_imports_it(db_copy, monkeypatch):
+    """A worker's run lands in the file's WAL (~30 MB for 2,500 cases); left there, DuckDB checkpointed it
+    at a later import or at close, after the last worker had finished. The replay process now
+    checkpoints after each import (when the WAL is due), while the other workers still run."""
+    from grandrounds.store import eventstore
+
+    monkeypatch.setattr(eventstore, "CHECKPOINT_AT", 1)  # every import is due (a test run's WAL is small)
+    wal_after_import: list[int] = []
+    real = EventStore.checkpoint_bounded
+
+    def recording(self):
+        ran = real(self)
+        wal = self.path + ".wal"
+        wal_after_import.append(os.path.getsize(wal) if os.path.exists(wal) else 0)
+        return ran
+
+    monkeypatch.setattr(EventStore, "checkpoint_bounded", recording)
+    res = CliRunner().invoke(main, ["replay", "--db", str(db_copy), "--from", "src", "--permutations", "3",
+                                    "--workers", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    assert len(wal_after_import) >= 3  # one for each worker's run (the command may take one more at its end)
+    assert all(size < 64 * 1024 for size in wal_after_import[:3]), wal_after_import
