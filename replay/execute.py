@@ -68,7 +68,7 @@ class JobResult:
     embedding_misses: int = 0
     worker: bool = False
     fingerprint: str | None = None
-    """The run's fingerprint where the worker that executed it computed it (None: read it from the file)."""
+    """The run's fingerprint as the scratch store that executed it kept it (None: read it from the file)."""
 
 
 def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec,
@@ -130,6 +130,7 @@ def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob,
     t0 = time.perf_counter()
     misses0 = cache.misses
     with EventStore(":memory:", codec=target.codec) as scratch:  # sealed as the target's rows are
+        scratch.keep_fingerprints()
         existing = target.read(job.run_id)
         scratch.import_events(existing)
         _, processed = execute(scratch, cache, job.run_id, job.spec, job.cases, backbone_options=backbone_options,
@@ -137,9 +138,11 @@ def run_here(target: EventStore, cache: EmbeddingCache, job: RunJob,
         # Rows as the scratch store holds them (the same codec sealed them): no decoding, no re-encoding.
         target.import_rows(list(EventLog(scratch).stored_rows([job.run_id],
                                                               after_seq=existing[-1].seq if existing else -1)))
+        fingerprint = scratch.fingerprint(job.run_id)  # kept as it ran (the file's once imported: the same rows)
     target.checkpoint_if_due()  # bounded, rather than by DuckDB inside a later commit (`run_jobs` does the same)
     cache.flush()
-    return JobResult(job.run_id, processed, time.perf_counter() - t0, cache.misses - misses0)
+    return JobResult(job.run_id, processed, time.perf_counter() - t0, cache.misses - misses0,
+                     fingerprint=fingerprint)
 
 
 # --- in worker processes -------------------------------------------------------------------
@@ -182,6 +185,7 @@ def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing
     # The target's key file (read; the parent made every key these cases need): rows handed back sealed.
     codec = SealingCodec(KeyRing(keys_path, read_only=True)) if keys_path else None
     with EventStore(":memory:", codec=codec) as scratch:
+        scratch.keep_fingerprints()
         conn = scratch.conn
         conn.execute(EmbeddingCache.SCHEMA)
         conn.execute(f"ATTACH '{seed_path}' AS gr_seed (READ_ONLY)")
@@ -199,8 +203,8 @@ def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing
         # pickling the decoded payload dicts.
         rows = list(EventLog(scratch).stored_rows([run_id], after_seq=existing[-1].seq if existing else -1))
         # The whole run is here (what existed, imported, and what ran): its fingerprint is the one the
-        # parent's file will give once these rows are imported (the same texts, the same keys), computed
-        # here in parallel rather than by the parent one run after another (it opens every sealed row).
+        # parent's file will give once these rows are imported (the same texts, the same keys), kept as the
+        # rows were appended (`keep_fingerprints`), or read back for a run that resumed.
         fingerprint = scratch.fingerprint(run_id)
     return {"processed": processed, "seconds": time.perf_counter() - t0, "misses": cache.misses,
             "rows": rows, "vectors": vectors, "fingerprint": fingerprint}

@@ -314,3 +314,33 @@ def test_whole_run_reads_go_in_pages_with_the_same_results(tmp_path, monkeypatch
     check = s.check_chain("r")
     assert (check.break_seq, check.events) == (4, 4)
     s.close()
+
+
+def test_a_fingerprint_kept_as_rows_are_appended_is_the_one_read_back(tmp_path):
+    """`keep_fingerprints` (a replay's scratch store): the fingerprint folded from the rows as they are
+    committed equals the one read back from the file, sealed rows opened, and a run that did not
+    begin here (imported rows, then appends) is read back instead."""
+    from grandrounds.store.read_model import EventLog
+
+    def marked(i: int) -> NewEvent:  # a plaintext holding the sealed envelope's marker as text
+        return NewEvent(ev.CaseReceived(index=i, case={"case_id": f"c{i}", "question": 'a "$sealed" note'}),
+                        case_id=f"c{i}")
+
+    path = tmp_path / "kept.duckdb"
+    with EventStore(path) as store:
+        assert store.codec is not None  # a file's rows are sealed: the case content is
+        store.keep_fingerprints()
+        store.append("r", [_received(0), marked(1)], -1)
+        store.append("r", [NewEvent(ev.CaseCompleted(index=1, correct=True), case_id="c1")], 1)
+        store.append("r", [_received(3), marked(4)], 2)
+        kept = store.fingerprint("r")
+        assert store._running["r"][0] == 4
+        rows = list(EventLog(store).stored_rows(["r"]))
+    with EventStore(path) as store:  # no kept state: every row read and opened
+        assert store.fingerprint("r") == kept
+    (tmp_path / "resumed.duckdb.keys").write_bytes((tmp_path / "kept.duckdb.keys").read_bytes())
+    with EventStore(tmp_path / "resumed.duckdb") as resumed:
+        resumed.keep_fingerprints()
+        resumed.import_rows(rows[:3])
+        resumed.append("r", [_received(3), marked(4)], 2)
+        assert resumed._running["r"] is None and resumed.fingerprint("r") == kept
