@@ -290,9 +290,9 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
                 out = fut.result()
                 target.import_rows(out["rows"])  # re-checks every chain hash over the texts it writes
                 _keep_vectors(target, out["vectors"])
-                # Into the file now, while the workers still run: a run's rows are ~15 MB of WAL, and what
-                # was left for DuckDB took its checkpoints at a later import and at close, after the last
-                # worker had finished (3.5 s of a 5 x 2,500 replay's wall was the close's checkpoint).
+                # Into the file now, while the workers still run: a 2,500-case run's rows are ~30 MB of WAL,
+                # and what was left for DuckDB took its checkpoints at a later import and at close, after the
+                # last worker had finished (3.5 s of a 5 x 2,500 replay's wall was the close's checkpoint).
                 target.checkpoint_if_due()
                 results[j.run_id] = JobResult(j.run_id, out["processed"], out["seconds"], out["misses"], worker=True,
                                               fingerprint=out["fingerprint"])

@@ -126,6 +126,12 @@ def event_line(seq: int, type_: str, payload_json: str) -> str:
     return f"[{seq},{json.dumps(type_, ensure_ascii=False)},{payload_json}]"
 
 
+def _hash_event(h, seq: int, type_: str, payload_json: str) -> None:
+    """One event's part of a run's fingerprint (`fingerprint`, and the one a store keeps as it appends)."""
+    h.update(event_line(seq, type_, payload_json).encode("utf-8"))
+    h.update(b"\n")
+
+
 def chain_of(prev: str, e: StoredEvent, trust_cached: bool = True) -> str:
     """The chain value event `e` must carry after `prev`, by the rule (version) `prev` was made with.
 
@@ -435,8 +441,7 @@ class EventStore:
             return
         for e in rows:
             plain = e.payload_json if SEALED_KEY not in e.payload_json else canonical_json(e.payload)
-            h.update(event_line(e.seq, e.type, plain).encode("utf-8"))
-            h.update(b"\n")
+            _hash_event(h, e.seq, e.type, plain)
         self._running[run_id] = (rows[-1].seq, h)
 
     def preview(self, run_id: str, events: Sequence[NewEvent], expected_seq: int) -> list[StoredEvent]:
@@ -703,8 +708,7 @@ class EventStore:
                             from grandrounds.store.erasure import recorded_fingerprint
 
                             return recorded_fingerprint(self, run_id, upto_seq)
-                    h.update(event_line(int(seq), type_, payload).encode("utf-8"))
-                    h.update(b"\n")
+                    _hash_event(h, int(seq), type_, payload)
         finally:
             rows.close()
         return h.hexdigest()
