@@ -19,9 +19,10 @@ clinical claim.
     python benchmarks/bench_real_model.py --collect-replies OUT.json --base-url ... --model ... [--limit-test N]
     python benchmarks/bench_real_model.py --render benchmarks/results/real_model.json [--check]
 
-`--render` writes the table of a recorded result file into README.md between
-`<!-- bench:real-model -->` and `<!-- /bench -->` (`--check`: exit 1 if the README differs), so
-the README's numbers are the recorded ones (tests/test_readme_bench.py checks them).
+`--render` writes the table of a recorded result file into docs/benchmarks.md between
+`<!-- bench:real-model -->` and `<!-- /bench -->` (`--check`: exit 1 if the page differs), so
+the page's numbers are the recorded ones (scripts/bench_docs.py renders it with every other
+results file; tests/test_readme_bench.py checks them).
 """
 
 from __future__ import annotations
@@ -147,25 +148,32 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-README = ROOT / "README.md"
+# The table lives on the docs site's benchmark page (scripts/bench_docs.py renders every results file there,
+# this one through render_block).
+README = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench:real-model -->", "<!-- /bench -->"
 
 
-def render_readme(result: Path, check: bool, readme: Path = README) -> int:
-    """README.md's block between the markers := the table of `result` (recorded rows + meta)."""
-    doc = json.loads(result.read_text())
+def render_block(doc) -> str:
+    """The block between the markers for a recorded result document (rows + meta), markers included."""
     rows, meta = (doc["rows"], doc.get("meta", {})) if isinstance(doc, dict) else (doc, {})
     lines = [table(rows)]
     if meta:
         lines.append("")
         lines += [f"- {k}: {v}" for k, v in meta.items()]
-    block = f"{BEGIN}\n" + "\n".join(lines) + f"\n{END}"
+    return f"{BEGIN}\n" + "\n".join(lines) + f"\n{END}"
+
+
+def render_readme(result: Path, check: bool, readme: Path = README) -> int:
+    """docs/benchmarks.md's block between the markers := the table of `result` (recorded rows + meta)."""
+    block = render_block(json.loads(result.read_text()))
     text = readme.read_text()
-    start, stop = text.index(BEGIN), text.index(END) + len(END)
+    start = text.index(BEGIN)
+    stop = text.index(END, start) + len(END)
     new = text[:start] + block + text[stop:]
     if check:
         if new != text:
-            print(f"README.md's {BEGIN} block differs from {result}; run --render {result}", file=sys.stderr)
+            print(f"{readme.name}'s {BEGIN} block differs from {result}; run --render {result}", file=sys.stderr)
             return 1
         return 0
     tmp = readme.with_suffix(".md.tmp")
@@ -212,8 +220,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url")
     ap.add_argument("--model")
-    ap.add_argument("--render", type=Path, default=None, help="write this result file's table into README.md")
-    ap.add_argument("--check", action="store_true", help="with --render: exit 1 if README.md differs")
+    ap.add_argument("--render", type=Path, default=None, help="write this result file's table into docs/benchmarks.md")
+    ap.add_argument("--check", action="store_true", help="with --render: exit 1 if docs/benchmarks.md differs")
     ap.add_argument("--db", default=None)
     ap.add_argument("--train", type=Path, default=TRAIN)
     ap.add_argument("--test", type=Path, default=TEST)

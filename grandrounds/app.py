@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.llm.errors import ModelOutage
-from grandrounds.handlers.runs import RunSpec, open_run
+from grandrounds.handlers.runs import RunSpec
 from grandrounds.replay.metrics import run_summary
 from grandrounds.store.embeddings import Embedder, EmbeddingCache, shared_minilm
 from grandrounds.store.eventstore import EventStore
-from grandrounds.store.vector_index import single_threaded_blas
-from grandrounds.streams.embedded import CommitMode, EmbeddedRunner, GroupCommit
+from grandrounds.streams.embedded import CommitMode, GroupCommit
+from grandrounds.streams.session import Session
 
 
 @dataclass
@@ -51,24 +50,11 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
     names it by content (`spec.source`), and its record goes to the `run.started` meta."""
     cache = cache or make_cache(store)
     rid = run_id or unique_run_id(store, spec.default_run_id(), spec)
-    meta = environment.record.meta() if environment is not None else None
-    ctx, how = open_run(store, rid, spec, cache, seeded=seeded, started_meta=meta, cases=len(cases),
-                        **(backbone_options or {}))
-    ctx.environment = environment
-    runner = EmbeddedRunner(ctx, commit=commit, group=group)
-
-    async def drive() -> int:
-        try:
-            return await runner.run(cases, on_case=on_case)
-        finally:
-            for owner in (ctx.backbone, environment):
-                close = getattr(owner, "aclose", None)
-                if close is not None:  # model clients' connections (a separate judge's too) belong to this loop
-                    await close()
-
+    session = Session.open(store, cache, rid, spec, cases=len(cases), backbone_options=backbone_options,
+                           seeded=seeded, environment=environment, commit=commit, group=group)
+    ctx = session.ctx
     try:
-        with single_threaded_blas():
-            processed = asyncio.run(drive())
+        processed = session.execute(cases, on_case=on_case)
     except ModelOutage as exc:
         # Not a result: the interrupted case's events were never written, so the same command
         # resumes at it. Say which run and how many cases are still to do.
@@ -76,7 +62,8 @@ def run_cases(store: EventStore, cases: Sequence[Case], spec: RunSpec, run_id: s
         exc.cases_left = len(cases) - ctx.projection.state.cases_completed
         raise
     finally:
-        cache.flush()
+        session.close()  # the cache's new vectors (the store is the caller's)
+    how = session.how
     # The summary reads the whole run (its fingerprint): trimming DuckDB's cache as it goes keeps the
     # file's blocks from piling up; this process has the file to itself, on one thread.
     trim_scans, store.trim_scans = store.trim_scans, True

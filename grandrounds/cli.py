@@ -34,7 +34,11 @@ def schema_actions_apply(env: str, fhir_protocol: str | None, actions: str) -> b
 @click.option("--policy", default="evo-medagent", show_default=True, help="Preset name or TOML policy file.")
 @click.option("--backbone", type=click.Choice(["sim", "openai", "record"]), default=None,
               help="Default: openai when --base-url or OPENAI_BASE_URL is set, else sim.")
-@click.option("--model", default=None, help="Model name for a real backbone.")
+@click.option("--model", default=None, help="Model name for a real backbone (with --agent: the agent's recorded name).")
+@click.option("--agent", "agent_ref", default=None, metavar="MODULE:CALLABLE",
+              help="Your own agent as the backbone: called as agent(case, memory), sync or async, returning an option "
+                   "letter or an AgentReply. Its replies are recorded: verify and replay need neither the module nor "
+                   "the callable (a replay showing it other memory does: replay --agent).")
 @click.option("--base-url", default=None, help="OpenAI-compatible endpoint (else OPENAI_BASE_URL; key: OPENAI_API_KEY).")
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds per model request attempt (openai); generous for slow local servers.")
@@ -105,7 +109,7 @@ def schema_actions_apply(env: str, fhir_protocol: str | None, actions: str) -> b
               help="Sign the run's head with this key (HMAC-SHA256); default: $GRANDROUNDS_SIGNING_KEY if set. "
                    "The key is never written to the database.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_attempts, record_from, record_db,
+def run(cases_file, db, run_id, policy, backbone, model, agent_ref, base_url, timeout, max_attempts, record_from, record_db,
         live_fallthrough, max_steps, summary_every, actions, seed, lag, broker, sim_tools, commit, commit_every, commit_ms,
         ablations, memory_from, memory_db, keep_learning,
         env, funcs, patients, fhir_base, task_types, fhir_protocol, max_rounds, limit, max_turns, judge_model,
@@ -161,8 +165,15 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
                                  "--env medagentbench --funcs funcs_v1.json --patients patients_from_snapshot.json")
             cases, source = open_cases(cases_file)  # streamed: checked whole, held as offsets
         decodes = schema_actions_apply(env, fhir_protocol, actions)
-        choice = choose_backbone(backbone, model, base_url, record_from, live_fallthrough, max_steps,
-                                 summary_every, actions if decodes else "text", timeout)
+        if agent_ref:  # your own agent (grandrounds/agent_ref.py): MCQ cases, embedded runner
+            from grandrounds.agent_ref import agent_choice
+
+            if env != "cases" or broker != "memory":
+                raise ValueError("--agent: MCQ case files (--env cases) on the embedded runner (omit --broker)")
+            choice = agent_choice(agent_ref, backbone, model)
+        else:
+            choice = choose_backbone(backbone, model, base_url, record_from, live_fallthrough, max_steps,
+                                     summary_every, actions if decodes else "text", timeout)
         if judge_model and choice.name == "sim":
             raise ValueError("--judge-model: the sim backbone grades by string match; a judge model needs "
                              "--backbone openai (or record)")
@@ -211,6 +222,11 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
                 fail(str(exc), 2, as_json)
     if not os.path.exists(db_path):
         discard_on_bad_input(db_path)  # a run that ends in exit 2 leaves no new file behind
+    from grandrounds.store.keyring import keys_path_for
+
+    keys_before = keys_path_for(db_path)
+    keys_existed = keys_before is not None and keys_before.exists()
+    key_file = None
     try:
         with EventStore(db_path) as store:
             if choice.record_from:
@@ -258,6 +274,9 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
 
                 sign_head(store, outcome.summary["run_id"], signing_key)
                 outcome.summary["signed_head"] = {"key_id": signing_key.key_id}
+            # What to publish to check this log later without any key (`verify --expect/--expect-head`).
+            outcome.summary["chain_head"] = store.head(outcome.summary["run_id"])[1]
+            key_file = _key_file_note(store, keys_existed)
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
     except (StoreError, ReplayDivergence) as exc:
@@ -268,6 +287,8 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
         fail(str(exc), 2, as_json)
     summary = outcome.summary
     notes = [n for n in (note, outcome.note) if n]
+    if key_file is not None:
+        summary["key_file"] = key_file
     if setup and env == "agentclinic":
         from grandrounds.handlers.environments.osce_run import SIM_NOTE as OSCE_SIM_NOTE
 
@@ -290,6 +311,21 @@ def run(cases_file, db, run_id, policy, backbone, model, base_url, timeout, max_
             click.echo("  task types   " + ", ".join(f"task{k}: {v['correct']}/{v['tasks']}"
                                                    for k, v in summary["per_task_type"].items()))
     keep_written()
+
+
+def _key_file_note(store, existed_before: bool) -> dict | None:
+    """Where the run's key file is, and whether this run created it (then said aloud: it is the only copy
+    of the keys of the sealed case content, and it is not inside the database)."""
+    if store.codec is None:
+        return None
+    path = store.codec.ring.path
+    created = not existed_before and path.exists()
+    out = {"path": str(path), "created": created}
+    if created:
+        out["warning"] = (f"new key file {path}: it holds the keys of this database's sealed case content and is not "
+                          "inside the database; losing it loses that content for good. Keep it with the database "
+                          "(mode 0600) and back it up: grandrounds keys backup --db DB --out FILE (docs/trust.md)")
+    return out
 
 
 def _announce_model_load(bar) -> None:
@@ -353,9 +389,11 @@ main.add_command(policies)
 from grandrounds import cli_replay  # noqa: E402,F401
 from grandrounds import cli_kafka  # noqa: E402,F401
 from grandrounds import cli_privacy  # noqa: E402,F401
+from grandrounds import cli_keys  # noqa: E402,F401
 from grandrounds.cli_agentclinic import agentclinic  # noqa: E402
 main.add_command(agentclinic)
 from grandrounds.cli_model import model as model_group  # noqa: E402
 main.add_command(model_group)
 from grandrounds import cli_ui  # noqa: E402,F401
 from grandrounds import cli_kafka_dev  # noqa: E402,F401
+from grandrounds import cli_serve  # noqa: E402,F401  (serve, mcp)

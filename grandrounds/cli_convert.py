@@ -20,7 +20,12 @@ from grandrounds.errors import fail
 def convert(source, fmt, out, limit, as_json):
     """Convert a benchmark file to cases for `grandrounds run` (text only; gold kept for feedback)."""
     from grandrounds.handlers.environments.mcq_loaders import BenchmarkFormatError, load_benchmark, write_cases
+    from grandrounds.store.dbfile import ProtectedOutput, check_output_path
 
+    try:  # never a key file or a database (with or without one named): checked before anything is written
+        check_output_path(out, None)
+    except ProtectedOutput as exc:
+        fail(str(exc), 2, as_json)
     try:
         cases = load_benchmark(fmt, source, limit)
     except FileNotFoundError:

@@ -20,13 +20,14 @@ def erase(db, subject, as_json):
     """Destroy the subject's key: its case content reads as "[erased]" everywhere; the chain still verifies."""
     from grandrounds.store.erasure import NoSuchSubject, NotSealed, erase_subject
     from grandrounds.store.eventstore import EventStore, StoreError
+    from grandrounds.store.keyring import KeyRingError
 
     if not Path(db).is_file():
         fail(f"no database file {db!r} (give --db the file a run wrote)", 2, as_json)
     try:
         with EventStore(db) as store:
             done = erase_subject(store, subject)
-    except (NoSuchSubject, NotSealed) as exc:
+    except (NoSuchSubject, NotSealed, KeyRingError) as exc:
         fail(str(exc), 2, as_json)
     except StoreError as exc:
         fail(str(exc), 1, as_json)

@@ -106,6 +106,9 @@ def _load_key(key_file, as_json):
 @click.option("--base-url", default=None, metavar="URL",
               help="Model runs with --live-fallthrough: OpenAI-compatible endpoint (else OPENAI_BASE_URL; "
                    "key: OPENAI_API_KEY).")
+@click.option("--agent", "agent_ref", default=None, metavar="MODULE:CALLABLE",
+              help="A run made with your own agent (run --agent): ask it where a replay shows it memory its record "
+                   "never showed it (any permutation of a run that learns). Without it such a replay stops there.")
 @click.option("--baseline", type=click.Choice(["none"]), default=None,
               help="Also replay the memory-free baseline (policy none) on the same orders; reported, plotted "
                    "and in the report beside the replay.")
@@ -125,7 +128,7 @@ def _load_key(key_file, as_json):
                    "(default: $GRANDROUNDS_KAFKA_TIMEOUT, else wait; a note on stderr every 30 s without progress).")
 @_json_option
 def replay(db, source, count, seed, original, policy, ablations, sets, backbone, model, tag, workers,
-           live_fallthrough, base_url, baseline, plot_path, report_path, key_file, broker, topic_prefix,
+           live_fallthrough, base_url, agent_ref, baseline, plot_path, report_path, key_file, broker, topic_prefix,
            kafka_timeout, as_json):
     """Replay a run's case log in K seeded orders (order sensitivity), or under a counterfactual policy.
 
@@ -139,18 +142,32 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
     from grandrounds.handlers.policies.config import load_policy
     from grandrounds.replay.order_replay import execute_plan, plan_replay
 
+    from grandrounds.store.dbfile import ProtectedOutput, check_output_path
+
     for p, what in ((plot_path, "--plot"), (report_path, "--report")):
         if p and not Path(p).resolve().parent.exists():
             fail(f"{what} {p!r}: directory does not exist", 2, as_json)
+        try:  # never the database, its WAL or a key file: checked before anything runs or is written
+            p and check_output_path(p, db, what)
+        except ProtectedOutput as exc:
+            fail(str(exc), 2, as_json)
     kafka = _kafka_target(broker, topic_prefix, kafka_timeout, as_json)
     key = _load_key(key_file, as_json)
     store = _open(db, as_json, read_only=False)
     with store:
         def go():
             pol = load_policy(policy) if policy else None
+            agent = None
+            if agent_ref:
+                from grandrounds.agent_ref import load_agent
+
+                agent = load_agent(agent_ref)
             plan = plan_replay(store, source, count, seed, policy=pol, backbone=backbone, model=model,
                                ablations=list(ablations), sets=list(sets), original=original, tag=tag)
             n_workers = workers or max(1, min(len(plan.runs), os.cpu_count() or 1))
+            if agent is not None and plan.spec.backbone != "agent":
+                raise click.BadParameter(f"--agent: run {source} was not made with an agent (backbone "
+                                         f"{plan.spec.backbone})")
             notes = []
             if plan.served_from_record:
                 notes.append(f"model run: exchanges served from the record of {source} by request hash, "
@@ -183,11 +200,11 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
             try:
                 result = execute_plan(store, make_cache(store), plan, workers=n_workers,
                                       on_run=lambda r, res: bar.update(1),
-                                      live_fallthrough=live_fallthrough, base_url=base_url)
+                                      live_fallthrough=live_fallthrough, base_url=base_url, agent=agent)
                 if base_plan is not None:  # the same orders (same --seed), without memory
                     base = execute_plan(store, make_cache(store), base_plan, workers=n_workers,
                                         on_run=lambda r, res: bar.update(1),
-                                        live_fallthrough=live_fallthrough, base_url=base_url)
+                                        live_fallthrough=live_fallthrough, base_url=base_url, agent=agent)
                     result["baseline"] = {k: base[k] for k in BASELINE_KEYS}
             except ReplayDivergence as exc:
                 fail(str(exc), 1, as_json)
@@ -314,41 +331,79 @@ def _progress(total: int, unit: str, quiet: bool):
 @_db_option
 @click.argument("run_id", metavar="RUN")
 @_key_option
+@click.option("--expect", default=None, metavar="FINGERPRINT",
+              help="The run's fingerprint as published elsewhere (what `grandrounds run` printed): any rewrite of "
+                   "the log, truncation included, fails the check, with no key needed.")
+@click.option("--expect-head", default=None, metavar="CHAIN",
+              help="The run's head chain value as published elsewhere (`run` prints it as chain_head): the log "
+                   "must end there.")
 @_json_option
-def verify(db, run_id, key_file, as_json):
+def verify(db, run_id, key_file, expect, expect_head, as_json):
     """Check RUN's hash chain, completeness and (with a key) signed head, then re-execute it from its
     own log (a model run from its recorded exchanges) and compare.
 
-    Exit code 0 when verified (identical, complete, chain intact, signed head valid if a key is
-    given), 1 otherwise.
+    The database is opened read-only (re-execution goes into a scratch store), so a read-only or
+    immutable copy verifies. Exit code 0 when verified (identical, complete, chain intact, signed
+    head valid if a key is given, --expect/--expect-head matching), 1 otherwise, 2 on bad input (a
+    key file that is missing names the file). `--json` names the cause: `reason` and `reason_codes`
+    (docs/trust.md).
     """
     from grandrounds.app import make_cache
     from grandrounds.replay_output import render_verify
     from grandrounds.replay.verify import verify_run
+    from grandrounds.store.keyring import KeyRingError
 
+    for value, what in ((expect, "--expect"), (expect_head, "--expect-head")):
+        if value is not None and not _looks_like_hash(value, what == "--expect-head"):
+            fail(f"{what} {value!r}: not a sha256 hex digest"
+                 + (" (a chain value: v2:<64 hex>)" if what == "--expect-head" else " (64 hex digits)"), 2, as_json)
     key = _load_key(key_file, as_json)
-    store = _open(db, as_json, read_only=False)
+    store = _open(db, as_json, read_only=True)
     with store:
-        result = _guarded(as_json, lambda: verify_run(store, run_id, make_cache(store), key=key))
+        def go():
+            try:
+                return verify_run(store, run_id, make_cache(store), key=key, expect=expect, expect_head=expect_head)
+            except KeyRingError as exc:  # the key file is missing or unreadable: bad input, named, never "erased"
+                _key_file_error(exc, store, as_json)
+
+        result = _guarded(as_json, go)
     _emit(dict(result, db=db), as_json, None if as_json else render_verify(result))
     if not result["ok"]:
         sys.exit(1)
+
+
+def _key_file_error(exc, store, as_json: bool) -> None:
+    """Exit 2 for a key file that is missing or unreadable, with the file and the reason code in --json."""
+    path = getattr(exc, "path", None) or (store.codec.ring.path if store.codec is not None else None)
+    if as_json:
+        click.echo(json.dumps({"error": str(exc), "exit_code": 2, "reason": getattr(exc, "reason", "key_missing"),
+                               "key_file": None if path is None else str(path)}))
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
+
+
+def _looks_like_hash(value: str, chain: bool) -> bool:
+    import re
+
+    return bool(re.fullmatch(r"(v2:)?[0-9a-fA-F]{64}" if chain else r"[0-9a-fA-F]{64}", value.strip()))
 
 
 @main.command()
 @_db_option
 @click.argument("run_ids", metavar="RUN...", nargs=-1)
 @click.option("--all", "all_runs", is_flag=True, help="Sign every run in the file.")
+@click.option("--force", is_flag=True, help="Replace a head signed by another key (refused otherwise, naming that key).")
 @_key_option
 @_json_option
-def sign(db, run_ids, all_runs, key_file, as_json):
+def sign(db, run_ids, all_runs, force, key_file, as_json):
     """Sign the head of RUN (last seq, event count, chain value) with the signing key.
 
     `run` and `replay` sign the runs they write when a key is set; this signs runs written without
-    one (a Kafka worker's, an older file's) as they stand now. The key is never stored.
+    one (a Kafka worker's, an older file's) as they stand now. A head signed by another key is not
+    replaced unless --force (the message names that key's id). The key is never stored.
     """
     from grandrounds.replay.caselog import UnknownRun
-    from grandrounds.store.signing import sign_head
+    from grandrounds.store.signing import SignedByAnotherKey, sign_head, signed_by
 
     key = _load_key(key_file, as_json)
     if key is None:
@@ -362,12 +417,26 @@ def sign(db, run_ids, all_runs, key_file, as_json):
             for rid in ids:
                 if not store.has_run(rid):
                     raise UnknownRun(f"no run {rid!r} in {db}")
-            return {"key_id": key.key_id, "signed": {rid: sign_head(store, rid, key).as_dict() for rid in ids}}
+            earlier = {rid: signed_by(store, rid) for rid in ids}
+            others = {rid: e for rid, e in earlier.items() if e is not None and e[0] != key.key_id}
+            if others and not force:  # all refused before any is signed: no half-signed --all
+                rid, (kid, seq) = next(iter(others.items()))
+                raise SignedByAnotherKey(rid, kid, seq, key.key_id)
+            signed = {rid: sign_head(store, rid, key, force=force).as_dict() for rid in ids}
+            return {"key_id": key.key_id, "signed": signed,
+                    "replaced": {rid: {"key_id": kid, "last_seq": seq} for rid, (kid, seq) in others.items()}}
 
         result = _guarded(as_json, go)
+
+    def line(rid: str, h: dict) -> str:
+        text = f"signed {rid}: seq {h['last_seq']}, {h['events']} events (key {result['key_id']})"
+        if rid in result["replaced"]:
+            was = result["replaced"][rid]
+            text += f"; replaced the head signed by key {was['key_id']} at seq {was['last_seq']} (--force)"
+        return text
+
     _emit(dict(result, db=db), as_json,
-          None if as_json else "\n".join(f"signed {rid}: seq {h['last_seq']}, {h['events']} events (key {result['key_id']})"
-                                         for rid, h in result["signed"].items()))
+          None if as_json else "\n".join(line(rid, h) for rid, h in result["signed"].items()))
 
 
 # --- audit -------------------------------------------------------------------------------------

@@ -28,6 +28,17 @@ def ui(db, port):
 
     if not Path(db).is_file():
         fail(f"no database file {db!r} (give --db the file a run wrote)", 2, False)
+    from grandrounds.store.eventstore import EventStore
+    from grandrounds.store.errors import InvalidInput
+    from grandrounds.store.sealing import require_key_file
+
+    try:
+        with EventStore(db, read_only=True) as store:  # a lost key file said once, not as a 500 on every page
+            require_key_file(store)
+    except InvalidInput as exc:  # not a DuckDB file, a key file missing or unreadable
+        fail(str(exc), 2, False)
+    except StoreError as exc:
+        fail(str(exc), 1, False)
     try:
         app = create_app(db)
     except StoreError as exc:

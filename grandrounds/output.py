@@ -47,6 +47,13 @@ def render_run(summary: dict, db: str, note: str) -> str:
         f"  events       {summary['events']}",
         f"  fingerprint  {summary['fingerprint']}",
     ]
+    if summary.get("chain_head"):  # with the fingerprint, what to publish for `verify --expect(-head)`
+        lines.append(f"  chain head   {summary['chain_head']}")
+    key_file = summary.get("key_file")
+    if key_file:
+        lines.append(f"  key file     {key_file['path']}")
+        if key_file.get("warning"):
+            lines.append(click.style(f"  warning: {key_file['warning']}", fg="yellow"))
     if note:
         lines.append(click.style(f"  note: {note}", fg="yellow"))
     return "\n".join(lines)

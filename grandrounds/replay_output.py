@@ -57,11 +57,30 @@ def render_replay(res: dict, db: str) -> str:
     return "\n".join(lines)
 
 
+_VERDICTS = {
+    "expect_mismatch": "TAMPERED (fingerprint is not the published one)",
+    "expect_head_mismatch": "TAMPERED (head is not the published one)",
+    "chain_broken": "TAMPERED (hash chain broken)",
+    "ciphertext_tampered": "TAMPERED (sealed content fails authentication)",
+    "head_mismatch": "TAMPERED (log is not the signed head)",
+    "head_bad_signature": "TAMPERED (bad signature)",
+    "head_other_key": "NOT VERIFIED (signed by another key)",
+    "head_absent": "NOT VERIFIED (no signed head)",
+    "key_missing": "KEY MISSING (content cannot be opened; nothing was erased)",
+    "expect_unverifiable": "NOT VERIFIED (fingerprint cannot be computed)",
+    "erased": "CONTENT ERASED (not re-executable)",
+    "incomplete": "INCOMPLETE",
+    "diverged": "DIVERGED",
+    "code_changed": "DIVERGED (other code versions)",
+}
+
+
 def render_verify(res: dict) -> str:
     ok = res["ok"]
-    verdict = ("VERIFIED (IDENTICAL)" if ok else "TAMPERED" if not res["chain_intact"] else
-               "CONTENT ERASED (not re-executable)" if res.get("erased_cases") else
-               "INCOMPLETE" if res["complete"] is False else "DIVERGED" if not res["identical"] else "NOT VERIFIED")
+    # The verdict names the cause `reason` (replay/verify.py REASON_ORDER) gives: only an erasure record
+    # reads as erased; a missing key, a ciphertext that fails authentication or a published value the log
+    # no longer matches each say what they are.
+    verdict = "VERIFIED (IDENTICAL)" if ok else _VERDICTS.get(res.get("reason"), "NOT VERIFIED")
     lines = [click.style(f"verify {res['run_id']}: {verdict}", bold=True, fg="green" if ok else "red")]
     lines.append(f"  recorded     {res['fingerprint']}")
     lines.append(f"  re-executed  {res['replayed_fingerprint'] or '– (not re-executed)'}"
@@ -81,6 +100,11 @@ def render_verify(res: dict) -> str:
     h = res["signed_head"]
     lines.append(click.style(f"  signed head  {h['status']}: {h['detail']}",
                              fg="green" if h["status"] == "valid" else None if h["status"] == "not checked" else "red"))
+    for name, label in (("expect", "expected fp "), ("expect_head", "expected head")):
+        if res.get(name):
+            a = res[name]
+            lines.append(click.style(f"  {label} {'matches' if a['ok'] else 'DIFFERS'}: {a['expected']}",
+                                     fg="green" if a["ok"] else "red"))
     for w in res.get("warnings", []):
         lines.append(click.style(f"  warning      {w}", fg="yellow"))
     for r in res.get("reasons", []):

@@ -32,6 +32,50 @@ class CaseView(BaseModel):
     tools: list[str]
 
 
+class CaseIdentifiers(BaseModel):
+    """Identifiers of the case's patient, as the data holder knows them (optional): every one of them is
+    replaced, exactly and case-insensitively, by its typed placeholder in all memory-bound text written
+    from the case (handlers/deidentify.py), whatever the patterns and the k-subjects rule would find.
+    A name's parts are scrubbed one by one as well ("Eleanor Vasquez-Whitfield": also "Eleanor",
+    "Vasquez-Whitfield", "Vasquez", "Whitfield"); an ISO date in `birth_dates` or `dates` in its usual
+    spellings too (1950-01-10, 01/10/1950, 10.01.1950, January 10, 1950, ...). Never counted as the
+    case's vocabulary, never shown to the agent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    names: tuple[str, ...] = ()
+    """The patient's and relatives' names, as written ("Eleanor Vasquez-Whitfield")."""
+    mrns: tuple[str, ...] = ()
+    """Medical record numbers."""
+    ids: tuple[str, ...] = ()
+    """Other record, insurance, national or device numbers."""
+    birth_dates: tuple[str, ...] = ()
+    """Dates of birth (ISO `YYYY-MM-DD` is also scrubbed in its other spellings)."""
+    dates: tuple[str, ...] = ()
+    """Other dates that identify (admission, discharge, death)."""
+    phones: tuple[str, ...] = ()
+    emails: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()
+    """Street lines, towns, postcodes: each as its own entry."""
+
+    @field_validator("*")
+    @classmethod
+    def _non_empty(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for v in values:
+            if len(v.strip()) < 2:
+                raise ValueError(f"identifier {v!r} is shorter than two characters")
+        return values
+
+
+def _omit_unset(data, *keys: str):
+    # Left out while unset, so cases without them keep their bytes (and runs their fingerprints).
+    if isinstance(data, dict):
+        for key in keys:
+            if data.get(key) is None:
+                data.pop(key, None)
+    return data
+
+
 class Case(BaseModel):
     """One case of the stream. `answer` is the gold option letter, shown to feedback only."""
 
@@ -48,14 +92,12 @@ class Case(BaseModel):
     subject: str | None = Field(default=None, min_length=1)
     """Whom the case is about (a patient id): its content is sealed under that subject's key and
     `grandrounds erase --subject` erases it. None: the case is its own subject (`case:<case_id>`)."""
+    identifiers: CaseIdentifiers | None = None
+    """The patient's identifiers, scrubbed exactly from memory written from this case (`CaseIdentifiers`)."""
 
     @model_serializer(mode="wrap")
     def _omit_unset_subject(self, handler: SerializerFunctionWrapHandler):
-        # Left out while unset, so cases without a subject keep their bytes (and runs their fingerprints).
-        data = handler(self)
-        if isinstance(data, dict) and data.get("subject") is None:
-            data.pop("subject", None)
-        return data
+        return _omit_unset(handler(self), "subject", "identifiers")
 
     @field_validator("options")
     @classmethod
@@ -100,12 +142,40 @@ def jsonl_lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        self.key = key
+        super().__init__(key)
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are all different. Python keeps the last of two equal keys, other readers
+    the first: a line `{"case_id": "a", …, "case_id": "b"}` would be one case here and another there
+    (an auditor's `jq`, a first-wins parser), so it is refused, not read either way."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return out
+
+
+def loads_unique(text: str | bytes):
+    """`json.loads` that refuses an object with a duplicate key (`_DuplicateKey`, a ValueError)."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
 def parse_line(raw: str, number: int, path: str) -> Case | None:
     """One line of a case file as a case (None for a blank line), or CaseFileError naming path:number."""
     if not raw.strip():
         return None
     try:
-        data = json.loads(raw)
+        data = loads_unique(raw)
+    except _DuplicateKey as exc:
+        raise CaseFileError(path, number, exc.key, f"duplicate key {exc.key!r} in a JSON object: a reader that "
+                            "keeps the first and one that keeps the last would see different cases") from None
     except json.JSONDecodeError as exc:
         raise CaseFileError(path, number, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
@@ -381,6 +451,12 @@ class FhirCase(BaseModel):
     eval_mrn: str | None = None
     sol: list | None = None
     category: str = Field(default="medagentbench", min_length=1)
+    identifiers: CaseIdentifiers | None = None
+    """Identifiers the task's text states beyond its patient record (`CaseIdentifiers`), scrubbed exactly."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_identifiers(self, handler: SerializerFunctionWrapHandler):
+        return _omit_unset(handler(self), "identifiers")
 
     def view(self) -> FhirCaseView:
         return FhirCaseView(case_id=self.case_id, kind=self.kind, instruction=self.instruction,

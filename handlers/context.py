@@ -79,10 +79,16 @@ class RunContext:
         from grandrounds.handlers.policies.registry import make_mechanism
 
         self.mechanism = make_mechanism(self.policy)
+        # The policy config's privacy fields (recorded in run.started, so a re-execution de-identifies alike).
+        patterns = getattr(self.policy, "deidentify_patterns", 1)
         if self.writer.deidentifier is None:
             from grandrounds.handlers.deidentify import Deidentifier
 
-            self.writer.deidentifier = Deidentifier(self.writer.store, self.run_id, self._patient_directory)
+            self.writer.deidentifier = Deidentifier(self.writer.store, self.run_id, self._patient_directory,
+                                                    min_subjects=getattr(self.policy, "memory_min_subjects", 1),
+                                                    patterns=patterns)
+        else:  # a writer that brought its own (the lag pass's scratch writer: it scrubs retrieval queries only)
+            self.writer.deidentifier.configure(getattr(self.policy, "memory_min_subjects", 1), patterns)
 
     def retrieval_text(self, text: str, case_id: str | None) -> str:
         """`text` (a case's question, an agent state) de-identified as the case's memory events are, so a
@@ -91,7 +97,12 @@ class RunContext:
         threshold of 0.9 missed every short FHIR template). Unchanged when the text names no one."""
         if self.writer.deidentifier is None:
             return text
-        return self.writer.deidentifier.scrubber(case_id).text(text)
+        # `memory`, not `text`: the query also loses the words the k-subjects rule withholds from the case's
+        # memory (memory_min_subjects), as every stored item lost its own. A word only this case and one
+        # other hold was withheld from the other's memory; left in the query it matches nothing there and
+        # only pulls the query's vector away from memory's (RetroSum's top-1 experience at cosine >= 0.5,
+        # sim, examples/cases.jsonl: 20/78 correct with the raw query, 41/78 with this one).
+        return self.writer.deidentifier.scrubber(case_id).memory(text)
 
     def _patient_directory(self):
         """The environment's patient lookup (MRN -> FHIR Patient), read when first needed: the

@@ -16,6 +16,14 @@ passes, both replacing a span with a typed placeholder (`[NAME]`, `[MRN]`, `[DOB
    the checker's business, not a privacy matter), and texts the case's options quote (an eponym
    like "Charles Bonnet syndrome") pass.
 
+Since issue 32 (the policy config's `deidentify_patterns = 2`, `memory_min_subjects = k`, recorded per run):
+pass 1 also takes the case's structured `identifiers` (handlers/cases.py `CaseIdentifiers`) and what the
+free-text patterns (`free_text_terms`: names without an honorific, international phones, addresses,
+record numbers, more date formats) find in the case text; and a third pass, the k-subjects rule
+(handlers/subject_gate.py), withholds every word of the case that fewer than k subjects' cases hold
+(`[...]`), so what no pattern recognises still stays with its patient. Retrieval queries of the case
+lose the same words (`RunContext.retrieval_text`). Runs recorded before keep patterns 1 and k = 1.
+
 Ids of memory items, case ids, tool names and enum-like fields are not text and are never touched
 (`_KEEP`). The pass is a pure function of the payload and the case, so replays write the same bytes.
 """
@@ -28,16 +36,22 @@ from typing import Any, Callable, Iterable
 
 from grandrounds.handlers.policies.selsm.entity_check import (FHIR_RESOURCE_TYPES, allow_eponyms, entity_candidates,
                                                               find_entities)
+from grandrounds.handlers.subject_gate import WITHHELD, SubjectCounts, gate_text
+from grandrounds.handlers.text import STOPWORDS
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.events import EventPayload
 
 PLACEHOLDERS = {
     "name": "[NAME]", "mrn": "[MRN]", "identifier": "[ID]", "dob": "[DOB]", "date": "[DATE]",
     "address": "[ADDRESS]", "phone": "[PHONE]", "email": "[EMAIL]", "url": "[URL]",
+    "withheld": WITHHELD,
 }
-"""Placeholder per identifier type; audit shows them as they are."""
+"""Placeholder per identifier type; audit shows them as they are. `withheld`: words of the case that
+fewer than k subjects' cases hold (the k-subjects rule, handlers/subject_gate.py)."""
 
-_PLACEHOLDER_RE = re.compile(r"\[(?:" + "|".join(v[1:-1] for v in PLACEHOLDERS.values()) + r")\]")
+_PLACEHOLDER_RE = re.compile("|".join(re.escape(v) for v in PLACEHOLDERS.values()))
+_PLACEHOLDERS_ONLY = re.compile(r"(?:\s*(?:" + _PLACEHOLDER_RE.pattern + r")[\s,;:-]*)+")
+_PLACEHOLDER_WORDS = frozenset(v[1:-1] for v in PLACEHOLDERS.values() if v[1:-1].isalpha())
 
 _KEEP = frozenset({
     "rule_id", "episode_id", "case_id", "source_case_id", "skill_id", "record_id", "experience_id", "id",
@@ -109,8 +123,138 @@ def case_text(case: dict) -> str:
     return "\n".join(str(case.get(k) or "") for k in ("question", "instruction", "context"))
 
 
-def stated_terms(text: str) -> list[tuple[str, str]]:
-    """Identifiers the case text itself states: names ("with name Peter Stafford"), MRNs, dates, URLs."""
+# --- free-text patterns (pattern set 2, issue 32): read on the case's own text once per case ---------
+# They find spans in the vignette ("Eleanor Vasquez-Whitfield, a 40-year-old man ... from Millbrook Falls
+# ... phone +44 20 7946 0958"); each span then becomes an exact term scrubbed from every memory text of
+# the case, so a lower-cased trigger word ("whitfield") goes too. Case text only: memory strings are not
+# scanned with them (what a writer copies from the case is caught as the exact term, and what the case
+# holds that no pattern sees is the k-subjects rule's business).
+
+_CAP = r"[A-Z][a-z'’]+(?:-[A-Z][a-z'’]+)?"
+"""A capitalised name word, double-barrelled ones included (Vasquez-Whitfield, O'Neill)."""
+_CAPS = _CAP + r"(?:\s+" + _CAP + r"){0,3}"
+_AGE = r"(?:is\s+)?an?\s+\d{1,3}[- ](?:year|month|week|day)s?[- ]old\b"
+_NOT_A_NAME = frozenset("""
+today yesterday tonight overnight currently recently initially later earlier then now here there patient
+monday tuesday wednesday thursday friday saturday sunday january february march april may june july august
+september october november december she he they her his the this that these a an on in at after before
+""".split())
+"""Capitalised words that start a sentence rather than name someone ("Today, a 40-year-old ...")."""
+
+_STREET = (r"(?:Street|St|Road|Rd|Avenue|Ave|Lane|Ln|Drive|Dr|Court|Ct|Close|Way|Place|Pl|Boulevard|Blvd|"
+           r"Terrace|Crescent|Cres|Square|Sq|Highway|Hwy|Parkway|Pkwy|Row|Gardens|Grove|Mews|Walk|Circle|Loop|Trail)")
+_MONTHS3 = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*"
+
+_FREE_TEXT: list[tuple[str, re.Pattern[str], int]] = [
+    # names without an honorific: "Eleanor Vasquez-Whitfield, a 40-year-old man", "Ann Lee (MRN ...)",
+    # "Pat Kim, aged 71", "NAME: Tom Reyes", "his wife, Maria Delgado,", "signed by Jane Doe"
+    ("name", re.compile(r"(?:^|(?<=[.;:!?(\n,]\s)|(?<=[(\n]))(" + _CAPS + r")\s*,?\s+" + _AGE,
+                        re.M), 1),
+    ("name", re.compile(r"\b(" + _CAPS + r")\s*,?\s*\((?i:MRN|DOB|D\.O\.B|born|NHS|hospital|record|age|aged|"
+                        r"\d{1,3}\s*(?:y|yo|yrs?|years?)\b)"), 1),
+    ("name", re.compile(r"\b(" + _CAPS + r"),\s+(?:aged?|age)\s+\d{1,3}\b"), 1),
+    ("name", re.compile(r"\b(?:[Nn]ame|NAME|[Pp]atient|PATIENT|[Pp]t)\s*[:=]\s*(" + _CAPS + r")"), 1),
+    ("name", re.compile(r"\b(?:[Ww]ife|[Hh]usband|[Mm]other|[Ff]ather|[Dd]aughter|[Ss]on|[Pp]artner|[Ss]ister|[Bb]rother|"
+                        r"[Cc]arer|[Cc]aregiver|[Gg]uardian|[Nn]ext of kin|[Ss]igned by|[Rr]eferred by|[Ss]een by)\s*,?\s+(" + _CAPS + r")"), 1),
+    # surname first, in capitals: "VASQUEZ-WHITFIELD, Eleanor"
+    ("name", re.compile(r"\b([A-Z]{2,}(?:-[A-Z]{2,})?,\s+" + _CAP + r")\b"), 1),
+    # phones: international (+44 20 7946 0958, +49 (0)30 1234567, 0044 ...), parenthesised area codes
+    # ((555) 0100-7000, (020) 7946 0958), national trunk numbers (07700 900123, 01 23 45 67 89),
+    # and whatever follows "phone/tel/mobile" (checked for at least 7 digits below)
+    ("phone", re.compile(r"(?<![\w+])(?:\+|00)\d{1,3}(?:[\s.-]?\(0\))?(?:[\s.-]?\(?\d{1,5}\)?){2,6}(?![\w-])"), 0),
+    ("phone", re.compile(r"(?<![\w)])\(\d{2,5}\)[\s.-]?\d{2,5}(?:[\s.-]\d{2,5}){0,3}(?![\w-])"), 0),
+    ("phone", re.compile(r"(?<![\w.,/-])0\d{1,4}(?:[\s.-]\d{2,6}){1,4}(?![\w,/-]|\.\d)"), 0),
+    ("phone", re.compile(r"\b(?:phone|tel|telephone|mobile|cell|contact|fax|pager|whatsapp)\.?(?:\s*(?:no\.?|number|#))?"
+                         r"\s*[:#]?\s*(\+?[\d(][\d\s().-]{5,}\d)", re.I), 1),
+    # record numbers: "NHS number 943 476 5919", "hospital no. H-204-118", "insurance ID XJ 4471 9920",
+    # "SSN 078-05-1120", "#A-12345"; any run of 7+ digits
+    ("identifier", re.compile(r"\b(?:NHS|hospital|medical record|chart|health card|health insurance|insurance|policy|"
+                              r"member|SSN|social security|passport|national|admission|accession|unit|registration|"
+                              r"ID|identification|MRN|record)\s*(?:number|no\.?|num|#|id|identifier)?\s*[:#]?\s*"
+                              r"((?:[A-Z]{1,4}[ -]?)?\d[\d -]{2,}\d[A-Z]?)\b", re.I), 1),
+    ("identifier", re.compile(r"\b\d{3}-\d{2}-\d{4}\b"), 0),
+    ("identifier", re.compile(r"(?<![\w&])#\s?[A-Z]{0,3}-?\d{4,}\b"), 0),
+    ("identifier", re.compile(r"\b[A-Z]{1,4}-\d{3,}(?:-\d+)*\b"), 0),
+    ("identifier", re.compile(r"(?<![\w.,])\d{7,}(?![\w.,])"), 0),
+    # addresses: street lines (English and continental), flats, postcodes, "from/lives in <Town>"
+    ("address", re.compile(r"\b\d{1,5}[A-Za-z]?,?\s+(?:" + _CAP + r"\s+){1,3}" + _STREET + r"\b\.?"), 0),
+    ("address", re.compile(r"\b[A-Z\u00c4\u00d6\u00dc][a-z\u00e4\u00f6\u00fc\u00df]+(?:stra\u00dfe|strasse|weg|gasse|platz|allee|laan|straat|gade|vej)"
+                           r"\s+\d{1,4}[a-z]?\b"), 0),
+    ("address", re.compile(r"\b\d{1,4},?\s+(?i:rue|avenue|boulevard|chemin|place|calle|via|viale|piazza|avenida|rua|carrer)"
+                           r"(?:\s+(?:de|du|des|la|le|del|della|da|do|dos|das|di))*\s+[A-Z\u00c0-\u00dd][\w\u00c0-\u00ff'-]+"
+                           r"(?:\s+[A-Z\u00c0-\u00dd][\w\u00c0-\u00ff'-]+)*"), 0),
+    ("address", re.compile(r"\b(?:Apt|Apartment|Flat|Unit|Suite|Ste|Room|Bed)\.?\s*#?\s*\d+[A-Z]?\b"), 0),
+    ("address", re.compile(r"\b[A-Z]{1,2}\d[A-Z\d]?\s+\d[A-Z]{2}\b"), 0),  # UK postcode
+    ("address", re.compile(r"\b[A-Z]{2}\s+\d{5}(?:-\d{4})?\b"), 0),  # US state + ZIP
+    ("address", re.compile(r"\b(?:from|lives in|living in|lives at|resident of|residing in|resides in|moved to|"
+                           r"a native of|native of|born in|works at|works in)\s+(?:the\s+)?(" + _CAPS + r")"), 1),
+    # dates in other formats: 1950/01/10, 10-01-1950, 10-Jan-1950, 10 Jan 50, 2021.03.04, "born 1950"
+    ("date", re.compile(r"\b\d{4}[/.]\d{1,2}[/.]\d{1,2}\b"), 0),
+    ("date", re.compile(r"\b\d{1,2}-\d{1,2}-(?:\d{4}|\d{2})\b"), 0),
+    ("date", re.compile(r"\b\d{1,2}[-/ ]" + _MONTHS3 + r"\.?[-/ ]\d{2,4}\b", re.I), 0),
+    ("dob", re.compile(r"\b(?:born|b\.|DOB|date of birth|d\.o\.b\.?)\s*(?:in|on|:)?\s*((?:19|20)\d{2})\b(?![-/.]\d)", re.I), 0),
+]
+"""(kind, pattern, group): the span is the group's text. Dates and record numbers a clinical value could be
+mistaken for are kept narrow (a year needs "born"; a digit run seven digits)."""
+
+_PHONE_DIGITS = 7
+
+
+def free_text_terms(text: str) -> list[tuple[str, str]]:
+    """(span, kind) the free-text patterns find in a case's text; a name also as each of its words
+    (so a trigger word "whitfield" goes), a surname-first capital form as both its parts."""
+    out: list[tuple[str, str]] = []
+    for kind, pattern, group in _FREE_TEXT:
+        for m in pattern.finditer(text):
+            span = m.group(group).strip().rstrip(".,;:")
+            if len(span) < 2:
+                continue
+            if kind == "phone" and sum(c.isdigit() for c in span) < (_PHONE_DIGITS + 2 if span[0] == "0"
+                                                                      else _PHONE_DIGITS):
+                continue  # (a national number has its trunk 0 and at least 8 more digits)
+            if kind == "address" and group and all(w.lower() in _NOT_A_NAME for w in span.split()):
+                continue  # "from Monday"
+            if kind == "dob" and group == 0:
+                span = m.group(1)  # the year; "born" stays
+            if kind == "name":
+                words = [w for w in re.split(r"[\s,]+", span) if w]
+                if all(w.lower() in _NOT_A_NAME or w.lower() in STOPWORDS for w in words):
+                    continue
+                while words and words[0].lower() in _NOT_A_NAME:  # "Today Eleanor ..." is not all name
+                    words = words[1:]
+                span = " ".join(words)
+                out.append((span, "name"))
+                for w in words:
+                    out.append((w, "name"))
+                    out += [(part, "name") for part in w.split("-") if len(part) >= 2]
+                continue
+            out.append((span, kind))
+    return out
+
+
+def structured_terms(identifiers: dict | None) -> list[tuple[str, str]]:
+    """(text, type) of a case's `identifiers` field (handlers/cases.py `CaseIdentifiers`)."""
+    if not identifiers:
+        return []
+    out: list[tuple[str, str]] = []
+    for name in identifiers.get("names", ()):
+        out.append((name, "name"))
+        for w in re.split(r"[\s,]+", name):
+            if len(w) >= 2:
+                out.append((w, "name"))
+                out += [(part, "name") for part in w.split("-") if len(part) >= 2]
+    for key, kind in (("mrns", "mrn"), ("ids", "identifier"), ("phones", "phone"), ("emails", "email"),
+                      ("addresses", "address")):
+        out += [(v, kind) for v in identifiers.get(key, ())]
+    for key, kind in (("birth_dates", "dob"), ("dates", "date")):
+        for v in identifiers.get(key, ()):
+            out += [(spelling, kind) for spelling in _dob_spellings(v)]
+    return out
+
+
+def stated_terms(text: str, patterns: int = 1) -> list[tuple[str, str]]:
+    """Identifiers the case text itself states: names ("with name Peter Stafford"), MRNs, dates, URLs;
+    with pattern set 2 also what `free_text_terms` finds."""
     out: list[tuple[str, str]] = []
     for m in _STATED_NAME.finditer(text):
         words = m.group(1).split()
@@ -121,6 +265,8 @@ def stated_terms(text: str) -> list[tuple[str, str]]:
             out.append((v.match, "mrn" if _MRN_LIKE.match(v.match) else "identifier"))
         elif v.category in ("name", "url", "email", "phone", "date"):
             out.append((v.match, v.category))
+    if patterns >= 2:
+        out += free_text_terms(text)
     return out
 
 
@@ -156,7 +302,8 @@ def _identifying_spans(s: str, allowed_low: str) -> list[tuple[str, str]]:
 class SubjectScrubber:
     """The two passes for one case: its own identifiers, then the generic patterns."""
 
-    def __init__(self, terms: Iterable[tuple[str, str]], allowed_text: str = ""):
+    def __init__(self, terms: Iterable[tuple[str, str]], allowed_text: str = "",
+                 withheld: frozenset[str] = frozenset(), drop_entries: bool = False):
         # Longest first, so "Peter Stafford" is one [NAME], not two.
         uniq = {}
         for text, kind in terms:
@@ -169,6 +316,10 @@ class SubjectScrubber:
         self._kind = {t.lower(): k for t, k in self.terms}
         self.allowed_text = allowed_text
         self._allowed_low = allowed_text.lower()
+        self.withheld = withheld
+        """Tokens of the case that fewer than k subjects' cases hold: withheld from memory text (`memory`)."""
+        self.drop_entries = drop_entries
+        """Drop a list entry (a trigger term) that scrubbing left as nothing but placeholders (pattern set 2)."""
         self.found: Counter[str] = Counter()
 
     def text(self, s: str) -> str:
@@ -218,13 +369,30 @@ class SubjectScrubber:
         self.found[kind] += 1
         return PLACEHOLDERS[kind]
 
+    def memory(self, s: str) -> str:
+        """`text`, then the k-subjects rule: the case's withheld tokens become `WITHHELD`. Memory text only:
+        a retrieval query (`text` alone) is the case's own and never stored."""
+        s = self.text(s)
+        if self.withheld and s:
+            s, n = gate_text(s, self.withheld, _PLACEHOLDER_WORDS)
+            if n:
+                self.found["withheld"] += n
+        return s
+
     def value(self, v: Any, key: str | None = None) -> Any:
         if key in _KEEP:
             return v
         if isinstance(v, str):
-            return self.text(v)
+            return self.memory(v)
         if isinstance(v, list):
-            return [self.value(x) for x in v]
+            out = [self.value(x) for x in v]
+            if self.drop_entries:
+                # A list entry that was nothing but identifiers or withheld words (a trigger term "eleanor")
+                # is dropped, not kept as a placeholder: a trigger is matched word by word against the next
+                # case, which "[NAME]" or "[...]" never matches; they would only dilute its overlap.
+                out = [x for x, y in zip(out, v)
+                       if not (isinstance(y, str) and x != y and _PLACEHOLDERS_ONLY.fullmatch(x))]
+            return out
         if isinstance(v, dict):
             return {k: self.value(x, k) for k, x in v.items()}
         return v
@@ -237,20 +405,49 @@ class Deidentifier:
     log when a case resumes in a new process) and its patient from the environment's directory.
     """
 
-    def __init__(self, store, run_id: str, directory: Callable[[], PatientDirectory | None] = lambda: None):
+    def __init__(self, store, run_id: str, directory: Callable[[], PatientDirectory | None] = lambda: None,
+                 min_subjects: int = 1, patterns: int = 2):
         self.store = store
         self.run_id = run_id
         self.directory = directory
+        self.patterns = patterns
+        """The pattern set (`deidentify_patterns` of the policy config): 2 adds `free_text_terms`."""
+        self.counts = SubjectCounts(min_subjects)
+        """The k-subjects fold (`memory_min_subjects`); k = 1 withholds nothing."""
+        self._counts_loaded = min_subjects == 1
+        self._index: dict[str, int] = {}
         self._cases: dict[str, dict] = {}
         self._scrubbers: dict[str, SubjectScrubber] = {}
         self.found: Counter[str] = Counter()
         """Placeholders written so far, by type (reported by `grandrounds run --json` as `deidentified`)."""
 
+    def configure(self, min_subjects: int, patterns: int) -> None:
+        """Set the run's privacy fields on a de-identifier made before the run's policy was known (the lag
+        pass's scratch writer); nothing scrubbed yet, so nothing to redo."""
+        if (self.counts.k, self.patterns) == (min_subjects, patterns):
+            return
+        assert not self._scrubbers, "configure a de-identifier before it scrubs"
+        self.patterns = patterns
+        self.counts = SubjectCounts(min_subjects)
+        self._counts_loaded = min_subjects == 1
+        for cid, case in self._cases.items():
+            if cid in self._index:
+                self.counts.add(case, self._index[cid])
+
     def observe(self, payload: EventPayload, case_id: str | None) -> None:
         if isinstance(payload, CaseReceived) and case_id is not None:
             self._cases[case_id] = payload.case
+            self._index[case_id] = payload.index
+            self.counts.add(payload.case, payload.index)
             if len(self._cases) > 256:  # the cases in flight (a policy that writes no memory never trims below)
-                self._cases.pop(next(iter(self._cases)))
+                oldest = next(iter(self._cases))
+                del self._cases[oldest]
+                self._index.pop(oldest, None)
+
+    def forget(self, case_id: str | None) -> None:
+        """Drop the case's scrubber: one built before its `case.received` was observed (a recall that
+        previews retrieval, streams/session.py) knows none of its identifiers and must not be reused."""
+        self._scrubbers.pop(case_id or "", None)
 
     def scrubber(self, case_id: str | None) -> SubjectScrubber:
         key = case_id or ""
@@ -258,12 +455,20 @@ class Deidentifier:
         if found is not None:
             return found
         case = self._cases.get(key) if case_id else None
+        index = self._index.get(key)
         if case is None and case_id is not None:
             recorded = self.store.read(self.run_id, types=["case.received"], case_id=case_id)
-            case = recorded[0].decode().case if recorded else None
+            if recorded:
+                received = recorded[0].decode()
+                case, index = received.case, received.index
         terms: list[tuple[str, str]] = []
         allowed = ""
+        withheld: frozenset[str] = frozenset()
         if case:
+            terms += structured_terms(case.get("identifiers"))
+            if index is not None:
+                self._load_counts()
+                withheld = self.counts.withheld(case, index)
             mrn = case.get("eval_mrn") or case.get("subject")
             if mrn:
                 terms.append((str(mrn), "mrn"))
@@ -271,13 +476,27 @@ class Deidentifier:
                 resource = lookup(str(mrn)) if lookup is not None else None
                 if resource:
                     terms += patient_terms(resource)
-            terms += stated_terms(case_text(case))
+            terms += stated_terms(case_text(case), self.patterns)
             allowed = " | ".join(str(v) for v in (case.get("options") or {}).values())
-        found = self._scrubbers[key] = SubjectScrubber(terms, allowed)
+        found = self._scrubbers[key] = SubjectScrubber(terms, allowed, withheld, drop_entries=self.patterns >= 2)
         if len(self._scrubbers) > 256:  # a long run: keep the recent cases only
             self._scrubbers.pop(next(iter(self._scrubbers)))
-            self._cases.pop(next(iter(self._cases)), None)
+            popped = next(iter(self._cases), None)
+            if popped is not None:
+                del self._cases[popped]
+                self._index.pop(popped, None)
         return found
+
+    def _load_counts(self) -> None:
+        """Fold the log's `case.received` events into the k-subjects counts, once per process: a run
+        resumed (or a case re-executed) in a new process reads the same counts the live fold had, since
+        each case's count is read as of its own index (`SubjectCounts`), and folding is idempotent."""
+        if self._counts_loaded:
+            return
+        self._counts_loaded = True
+        for e in self.store.read(self.run_id, types=["case.received"]):
+            received = e.decode()
+            self.counts.add(received.case, received.index)
 
     def scrub(self, payload: EventPayload, case_id: str | None) -> EventPayload:
         """The payload with every identifier replaced, as a new model of the same type."""

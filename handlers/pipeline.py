@@ -26,6 +26,7 @@ from grandrounds.store.event_types import (AnswerGiven, CaseCompleted, FeedbackR
                                            ReflectionRecorded, RunCompleted)
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.llm_events import CaseFailed
+from grandrounds.store.recorded_vectors import noting_vectors, recorded_event
 
 
 def case_progress(store: EventStore, run_id: str, case_id: str, after_seq: int = -1) -> CaseProgress:
@@ -56,7 +57,28 @@ async def _noop(stage: str) -> None:
 
 
 async def run_stage(ctx: RunContext, case: Case | FhirCase, index: int, progress: CaseProgress, stage: Stage) -> None:
-    """Run one stage of a case and record its output in `progress` (its events go to ctx.writer)."""
+    """Run one stage of a case and record its output in `progress` (its events go to ctx.writer).
+
+    The vectors the stage used that the run has not recorded yet follow its events as one
+    `embeddings.recorded` (recorded inputs, DESIGN §3); after the last case's govern, `run.completed`
+    comes last."""
+    with noting_vectors() as used:
+        await _stage(ctx, case, index, progress, stage)
+    record_vectors(ctx, used, case.case_id)
+    if stage == "govern":
+        close_run_if_done(ctx)
+
+
+def record_vectors(ctx: RunContext, used: dict, case_id: str | None = None) -> None:
+    """Emit the vectors in `used` that the run's log does not hold yet (in first-use order). Checked
+    against the live projection (the writer's): a pinned stage reads an older copy of memory."""
+    known = ctx.writer.projection.vector_keys
+    new = [(k, q) for k, q in used.items() if k not in known]
+    if new:
+        ctx.writer.emit(recorded_event(ctx.projection.cache.model, new), case_id=case_id)
+
+
+async def _stage(ctx: RunContext, case: Case | FhirCase, index: int, progress: CaseProgress, stage: Stage) -> None:
     p = progress
     if stage == "retrieve":
         p.memory = await retrieve(ctx, case, index)
@@ -87,7 +109,6 @@ async def run_stage(ctx: RunContext, case: Case | FhirCase, index: int, progress
             ctx.writer.emit(p.completed, case_id=case.case_id)
         else:
             p.completed = await govern(ctx, case, index, p.feedback)
-        close_run_if_done(ctx)
     else:
         raise ValueError(f"unknown stage {stage!r}")
 

@@ -17,7 +17,8 @@ STAGES = ("retrieve", "act", "feedback", "reflect", "govern")
 """The five stages in the order a case goes through them. A case may skip some (below), never reorder."""
 Stage = Literal["retrieve", "act", "feedback", "reflect", "govern"]
 
-STAGE_VERSIONS: dict[str, int] = {"retrieve": 1, "act": 1, "feedback": 1, "reflect": 1, "govern": 1}
+STAGE_VERSIONS: dict[str, int] = {"retrieve": 2, "act": 2, "feedback": 2, "reflect": 2, "govern": 2}
+"""2: exact (int8) vectors and decision arithmetic, `embeddings.recorded` after a stage that used new vectors."""
 """The version of the code that shapes each stage's events, recorded in every run's `run.started`
 (handlers/code_versions.py). Bump a stage's number in the commit that changes the bytes of the
 events it writes (deliberately: regenerate tests/golden with scripts/golden_logs.py), so `verify`

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 from bisect import bisect_left
 from functools import lru_cache
 
 import numpy as np
+
+from grandrounds.store import exact_math
 
 _TOKEN = re.compile(r"[a-z][a-z0-9]+")
 
@@ -58,6 +59,13 @@ def trigger_overlap(trigger: list[str], case_tokens: set[str]) -> float:
         return 0.0
     return sum(1 for t in trigger if t in case_tokens) / len(trigger)
 
+
+
+
+def _idf_term(n: int, d: int) -> float:
+    """BM25's idf, log(n - d + 0.5) - log(d + 0.5), with logs that are the same float on every
+    platform (store/exact_math.py), not the platform libm's."""
+    return exact_math.ln(n - d + 0.5) - exact_math.ln(d + 0.5)
 
 
 class TermIndex:
@@ -141,7 +149,7 @@ class TermIndex:
             if len(dfs):
                 table = np.zeros(int(dfs.max()) + 1)
                 for d in np.flatnonzero(np.bincount(dfs)).tolist():
-                    table[d] = math.log(n - d + 0.5) - math.log(d + 0.5)
+                    table[d] = _idf_term(n, d)
                 total = _sequential_sum(table[dfs])
             self._floor = (n, self.EPSILON * total / len(self.df) if self.df else 0.0)
         return self._floor
@@ -155,7 +163,7 @@ class TermIndex:
         avgdl = self.total_len / n
         q = self.words(query)
         # Each query word's idf once per query, not once per key (the same floats: the same expression).
-        idfs = {w: math.log(n - d + 0.5) - math.log(d + 0.5) for w in q if (d := self.df.get(w))}
+        idfs = {w: _idf_term(n, d) for w in q if (d := self.df.get(w))}
         q = [w for w in q if w in idfs]  # a word no text holds adds nothing to any score: not looked up per key
         out = []
         for key in keys:

@@ -14,7 +14,6 @@ changes its events: workers only change the wall time. Replay runs are not check
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from grandrounds.handlers.cases import Case
-from grandrounds.handlers.runs import RunSpec, open_run
+from grandrounds.handlers.runs import RunSpec
 from grandrounds.replay.orphans import die_with_parent
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.errors import InvalidInput
@@ -39,8 +38,8 @@ from grandrounds.store.events import StoredEvent
 from grandrounds.store.keyring import KeyRing
 from grandrounds.store.sealing import SealingCodec, subject_of
 from grandrounds.store.projection import MemoryProjection, save_checkpoint
-from grandrounds.store.vector_index import single_threaded_blas
-from grandrounds.streams.embedded import EmbeddedRunner, GroupCommit
+from grandrounds.streams.embedded import GroupCommit
+from grandrounds.streams.session import Session
 
 FLUSH_EVERY = 500
 cache_embedder = shared_minilm  # the embedder replays use; the model loads only on a cache miss
@@ -88,29 +87,16 @@ def execute(store: EventStore, cache: EmbeddingCache, run_id: str, spec: RunSpec
     `run.started` declares — "all" (default) for len(cases); verify passes the recorded run's own
     (None for runs written before runs declared it), so the re-execution writes the same bytes.
     """
-    # A tool-task run records its environment in the `run.started` meta, as `grandrounds run` does, so
-    # it can be verified and replayed in turn (meta: never part of the fingerprint).
-    record = getattr(environment, "record", None)
-    ctx, _ = open_run(store, run_id, spec, cache, seeded=seeded,
-                      started_meta=record.meta() if record is not None else None,
-                      cases=len(cases) if declared == "all" else declared, **(backbone_options or {}))
-    ctx.environment = environment
-
     # Group commit into the scratch store, by count only: nothing reads the scratch log while the
-    # run executes, and the whole run is imported into the target at the end anyway.
-    runner = EmbeddedRunner(ctx, commit="group", checkpoint_every=0, final_checkpoint=False,
-                            group=GroupCommit(cases=flush_every or 2**62, ms=float("inf")))
-
-    async def drive() -> int:
-        try:
-            return await runner.run(cases)
-        finally:
-            close = getattr(ctx.backbone, "aclose", None)
-            if close is not None:
-                await close()
-
-    with single_threaded_blas():
-        processed = asyncio.run(drive())
+    # run executes, and the whole run is imported into the target at the end anyway. A tool-task run
+    # records its environment in the `run.started` meta, as `grandrounds run` does (the Session's job),
+    # so it can be verified and replayed in turn (meta: never part of the fingerprint).
+    session = Session.open(store, cache, run_id, spec, cases=len(cases) if declared == "all" else declared,
+                           backbone_options=backbone_options, seeded=seeded, environment=environment,
+                           commit="group", checkpoint_every=0, final_checkpoint=False,
+                           group=GroupCommit(cases=flush_every or 2**62, ms=float("inf")))
+    ctx = session.ctx
+    processed = session.execute(cases)  # the cache is the caller's to flush (run_here, the workers)
     if checkpoint and processed:
         save_checkpoint(store, run_id, ctx.projection)
     return ctx.projection, processed
@@ -191,6 +177,7 @@ def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing
         conn.execute(f"ATTACH '{seed_path}' AS gr_seed (READ_ONLY)")
         conn.execute("INSERT INTO embedding_cache SELECT * FROM gr_seed.embedding_cache")
         cache = EmbeddingCache(cache_embedder(), conn)
+        cache.recorded.load_table(conn, "gr_seed.recorded_vectors")  # the vectors the parent's records hold
         scratch.import_events(existing)
         _, processed = execute(scratch, cache, run_id, RunSpec.model_validate(spec),
                                [Case.model_validate(c) for c in cases], checkpoint=False,
@@ -210,14 +197,16 @@ def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing
             "rows": rows, "vectors": vectors, "fingerprint": fingerprint}
 
 
-def _seed_file(target: EventStore, path: Path) -> None:
-    """A DuckDB file holding a copy of the target's embedding cache: workers read it, never write."""
+def _seed_file(target: EventStore, cache: EmbeddingCache, path: Path) -> None:
+    """A DuckDB file holding a copy of the target's embedding cache and of the recorded vectors the parent
+    adopted (a replay's source run's): workers read it, never write."""
     conn = target.conn
     conn.execute(EmbeddingCache.SCHEMA)
     conn.execute(f"ATTACH '{path}' AS gr_seed")
     try:
         conn.execute(EmbeddingCache.SCHEMA.replace("EXISTS embedding_cache", "EXISTS gr_seed.embedding_cache"))
         conn.execute("INSERT INTO gr_seed.embedding_cache SELECT * FROM embedding_cache")
+        cache.recorded.save_table(conn, "gr_seed.recorded_vectors")
     finally:
         conn.execute("DETACH gr_seed")
 
@@ -273,7 +262,7 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
     tmp = Path(tempfile.mkdtemp(prefix="grandrounds-replay-"))
     try:
         seed = tmp / "seed.duckdb"
-        _seed_file(target, seed)
+        _seed_file(target, cache, seed)
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context(method),
                                  initializer=die_with_parent, initargs=(os.getpid(),)) as pool, \
                 warnings.catch_warnings():

@@ -20,6 +20,7 @@ from grandrounds.replay.caselog import require_spec
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.events import StoredEvent
 from grandrounds.store.read_model import EventLog
+from grandrounds.store.sealing import ContentUnreadable
 
 FORMATS = ("parquet", "jsonl")
 
@@ -42,10 +43,16 @@ def format_of(path: str, fmt: str | None) -> str:
 
 
 def _check_target(store: EventStore, path: Path, force: bool) -> None:
-    db = Path(os.path.abspath(store.path)) if store.path != ":memory:" else None
-    if db is not None and (path == db or path == Path(f"{db}.wal") or
-                           (path.exists() and db.exists() and os.path.samefile(path, db))):
-        raise ExportError(f"--out {str(path)!r} is the database being exported ({store.path}); choose another file")
+    from grandrounds.store.dbfile import check_output_path
+
+    # The database, its WAL, its key file (the store's own, wherever $GRANDROUNDS_KEYS put it) and any key
+    # file: refused with or without --force, before the temporary is even created.
+    check_output_path(path, None if store.path == ":memory:" else store.path, role="the database being exported")
+    if store.codec is not None:
+        from grandrounds.store.dbfile import same_file
+
+        if same_file(path, Path(os.path.abspath(store.codec.ring.path))):
+            raise ExportError(f"--out {str(path)!r} is the database's key file; choose another file")
     if path.is_dir():
         raise ExportError(f"--out {str(path)!r} is a directory")
     if path.exists() and not force:
@@ -62,6 +69,14 @@ def export_runs(store: EventStore, run_ids: list[str], out: str, fmt: str | None
     if not final.parent.exists():
         raise ExportError(f"directory {str(Path(out).parent)!r} does not exist")
     _check_target(store, final, force)
+    # The fingerprints before the file is written: they open every sealed row, and a key file that is
+    # missing is refused (exit 2) before anything is written, never after.
+    fingerprints, unreadable = {}, {}
+    for rid in run_ids:
+        try:
+            fingerprints[rid] = store.fingerprint(rid)
+        except ContentUnreadable as exc:  # tampered or keyless rows: exported as stored, the cause named
+            fingerprints[rid], unreadable[rid] = None, f"{exc.reason}: {exc}"
     path = final.with_name(f".{final.name}.partial-{os.getpid()}")
     try:
         n = _write(store, run_ids, path, fmt)
@@ -69,8 +84,8 @@ def export_runs(store: EventStore, run_ids: list[str], out: str, fmt: str | None
     finally:
         if path.exists():
             path.unlink()
-    return {"runs": run_ids, "format": fmt, "path": str(out), "events": int(n),
-            "fingerprints": {rid: store.fingerprint(rid) for rid in run_ids}}
+    return {"runs": run_ids, "format": fmt, "path": str(out), "events": int(n), "fingerprints": fingerprints,
+            **({"unreadable": unreadable} if unreadable else {})}
 
 
 def _write(store: EventStore, run_ids: list[str], path: Path, fmt: str) -> int:

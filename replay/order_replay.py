@@ -50,7 +50,7 @@ from grandrounds.store.eventstore import EventStore
 from grandrounds.store.read_model import EventLog
 
 
-MODEL_BACKBONES = ("openai", "record")
+MODEL_BACKBONES = ("openai", "record", "agent")
 """Backbones that call a model: their runs are replayed from the source's recorded exchanges."""
 
 
@@ -155,13 +155,14 @@ def plan_replay(store: EventStore, source: str, count: int, seed: int, *, policy
 
 def execute_plan(store: EventStore, cache: EmbeddingCache, plan: ReplayPlan, workers: int = 1,
                  on_run: Callable[[PlannedRun, JobResult], None] | None = None, *,
-                 live_fallthrough: bool = False, base_url: str | None = None) -> dict:
+                 live_fallthrough: bool = False, base_url: str | None = None, agent=None) -> dict:
     """Run (or reuse) every planned run; returns the DESIGN §8 replay object.
 
     For a model-backed plan, each run is served the source's recorded exchanges (a fresh copy
     per run), in this process (`workers` is then 1); `live_fallthrough` calls the model at
     `base_url` (else OPENAI_BASE_URL) for a request the record does not hold, instead of
-    raising `PermutationDiverged`. A FHIR plan's environment is opened here, once, for all its runs
+    raising `PermutationDiverged`. `agent` (an agent run's callable, `--agent`): asked for a request the
+    record does not hold (a permutation shows it other memory). A FHIR plan's environment is opened here, once, for all its runs
     (in this process: `workers` is then 1).
     """
     t0 = time.perf_counter()
@@ -173,8 +174,11 @@ def execute_plan(store: EventStore, cache: EmbeddingCache, plan: ReplayPlan, wor
 
         def recorded_options(job: RunJob) -> dict:
             current.append(job.run_id)
-            return {"recorded": RecordedExchanges.from_store(store, plan.source),
+            opts = {"recorded": RecordedExchanges.from_store(store, plan.source),
                     "live_fallthrough": live_fallthrough, "base_url": base_url}
+            if agent is not None:
+                opts.update(agent=agent, live_fallthrough=True)
+            return opts
 
         options = recorded_options
     opened = nullcontext(None)
@@ -182,6 +186,7 @@ def execute_plan(store: EventStore, cache: EmbeddingCache, plan: ReplayPlan, wor
         workers = 1
         opened = reopen_environment(plan.environment, plan.source, plan.source_spec.source, plan.cases,
                                     what="replay", store=store)
+    cache.adopt_run(store, plan.source)  # every permutation embeds with the source's recorded vectors
     try:
         with opened as environment:
             results = run_jobs(store, cache, [r.job for r in plan.runs], workers=workers,

@@ -32,7 +32,7 @@ from grandrounds.store.canonical import canonical_json
 from grandrounds.store.embeddings import EmbeddingCache
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.read_model import EventLog
-from grandrounds.store.sealing import ContentErased
+from grandrounds.store.sealing import ContentErased, ContentUnreadable
 from grandrounds.store.events import StoredEvent
 from grandrounds.store.signing import SigningKey, check_head
 
@@ -103,7 +103,7 @@ def compare_logs(recorded: list[StoredEvent], replayed: list[StoredEvent]) -> Di
     return None
 
 
-MODEL_BACKBONES = ("openai", "record")
+MODEL_BACKBONES = ("openai", "record", "agent")  # an agent's replies are recorded exchanges too
 
 
 def _completeness(store: EventStore, run_id: str, chain_version: int | None) -> dict:
@@ -135,17 +135,106 @@ def _completeness(store: EventStore, run_id: str, chain_version: int | None) -> 
     return dict(out, complete=False, completeness="incomplete: run.started declares no case count")
 
 
-def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: SigningKey | None = None) -> dict:
+REASON_ORDER = ("expect_mismatch", "expect_head_mismatch", "chain_broken", "ciphertext_tampered", "head_mismatch",
+                "head_bad_signature", "head_other_key", "head_absent", "key_missing", "expect_unverifiable", "erased",
+                "incomplete", "diverged", "code_changed")
+"""Reason codes of `verify --json`, the most telling first: `reason` is the first of them present. See
+docs/trust.md ("Verify reason codes")."""
+
+_HEAD_CODES = {"absent": "head_absent", "other key": "head_other_key", "bad signature": "head_bad_signature",
+               "log differs": "head_mismatch"}
+
+
+class _Verdict:
+    """Reasons a run is not verified, each with its code (`reasons` stay the words, `reason_codes` the codes)."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+        self.codes: list[str] = []
+
+    def add(self, code: str, text: str) -> None:
+        assert code in REASON_ORDER, code
+        self.reasons.append(text)
+        self.codes.append(code)
+
+    def fields(self) -> dict:
+        present = [c for c in REASON_ORDER if c in self.codes]
+        return {"reasons": self.reasons, "reason_codes": self.codes, "reason": present[0] if present else None}
+
+
+def _seqs(seqs: list[int]) -> str:
+    return ", ".join(map(str, seqs[:8])) + (f" … ({len(seqs)} in all)" if len(seqs) > 8 else "")
+
+
+def _content_reasons(verdict: _Verdict, store: EventStore, problems: dict) -> None:
+    """Sealed rows that do not open, each cause named as what it is: only a tombstone means erased."""
+    if problems.get("ciphertext_tampered"):
+        seqs = problems["ciphertext_tampered"]
+        verdict.add("ciphertext_tampered", f"{len(seqs)} sealed row(s) fail authentication (seq {_seqs(seqs)}): "
+                    "their ciphertext was edited, or rows were moved (run, seq or type changed); this is "
+                    "tampering, not an erasure")
+    if problems.get("key_missing"):
+        seqs = problems["key_missing"]
+        where = store.codec.ring.path if store.codec is not None else "(none: GRANDROUNDS_ENCRYPT=0)"
+        verdict.add("key_missing", f"the key file {where} holds no key and no erasure record for the subject of "
+                    f"{len(seqs)} sealed row(s) (seq {_seqs(seqs)}): is it this database's key file? No erasure "
+                    "is recorded for these subjects")
+    if problems.get("erased"):
+        cases = problems.get("erased_cases", [])
+        verdict.add("erased", f"the content of {len(cases)} case(s) was erased (grandrounds erase: a tombstone in "
+                    "the key file): they can no longer be re-executed: " + ", ".join(cases))
+
+
+def _anchor_reasons(verdict: _Verdict, fingerprint: str | None, head_chain: str | None, expect: str | None,
+                    expect_head: str | None) -> dict:
+    """`--expect` / `--expect-head`: the log against a value published elsewhere (no key needed)."""
+    out: dict = {}
+    if expect is not None:
+        want = expect.strip().lower()
+        out["expect"] = {"expected": want, "actual": fingerprint, "ok": fingerprint == want}
+        if fingerprint is None:
+            verdict.add("expect_unverifiable", "--expect: the run's fingerprint cannot be computed (see the other "
+                        "reasons), so it cannot be compared with the published one")
+        elif fingerprint != want:
+            verdict.add("expect_mismatch", f"--expect: the log's fingerprint {fingerprint} is not the published "
+                        f"{want}: the log was rewritten (or truncated) since that value was published")
+    if expect_head is not None:
+        want = expect_head.strip()
+        actual = head_chain
+        same = actual is not None and (actual == want or (not want.startswith("v2:") and actual == "v2:" + want))
+        out["expect_head"] = {"expected": want, "actual": actual, "ok": same}
+        if not same:
+            verdict.add("expect_head_mismatch", f"--expect-head: the log's head chain value {actual} is not the "
+                        f"published {want}: the log was rewritten, truncated or extended since")
+    return out
+
+
+def _key_file_mode(store: EventStore) -> int | None:
+    try:
+        return store.codec.ring.path.stat().st_mode & 0o777 if store.codec is not None else None
+    except OSError:
+        return None
+
+
+def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: SigningKey | None = None,
+               expect: str | None = None, expect_head: str | None = None) -> dict:
     """The DESIGN §8 verify object: the chain, the signed head (with a key), completeness, then
     re-execution (model runs are served their own recorded exchanges: no endpoint is called).
 
     `identical` is true only for a complete run whose re-execution gives the recorded events; `ok`
-    also needs an intact chain, and with a key a valid signed head matching the log."""
+    also needs an intact chain, with a key a valid signed head matching the log, and the anchors given
+    (`expect`: a published fingerprint; `expect_head`: a published head chain value) matching.
+    A database whose key file is missing raises `KeyFileMissing` (bad input naming the file)."""
+    from grandrounds.store.erasure import content_problems
+    from grandrounds.store.signing import current_head
+
     spec = require_spec(store, run_id)
     chain = store.check_chain(run_id)  # first, for every run: it reads nothing but the rows
     head = check_head(store, run_id, key)
     whole = _completeness(store, run_id, chain.version)
-    warnings, reasons = [], []
+    head_chain = current_head(store, run_id).chain if chain.events else None
+    warnings = []
+    verdict = _Verdict()
     if chain.version == 1:
         warnings.append("chain v1 (written before the chain covered run id and meta): an edit of run_id or "
                         "meta is not detected by it")
@@ -153,31 +242,40 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
         warnings.append(whole["completeness"])
     if head.status == "not checked" and head.signed is not None:
         warnings.append("the run has a signed head: give the key (GRANDROUNDS_SIGNING_KEY or --key-file) to check it")
+    mode = _key_file_mode(store)
+    if mode is not None and mode & 0o077:
+        warnings.append(f"key file {store.codec.ring.path} is mode {mode:o}: others can read the keys of the sealed "
+                        "content (chmod 600 it)")
 
-    from grandrounds.store.erasure import erased_cases
-
-    erased = erased_cases(store, run_id)
-    if erased:  # crypto-shredded content: the chain and the signed head still check, re-execution cannot run
-        reasons.append(f"the content of {len(erased)} case(s) was erased (grandrounds erase): they can no longer be "
-                       "re-executed: " + ", ".join(erased))
+    problems = content_problems(store, run_id)  # KeyFileMissing propagates: a file is missing, nothing erased
+    erased = problems.get("erased_cases", [])
+    if problems.get("erased") or problems.get("key_missing") or problems.get("ciphertext_tampered"):
+        # Content that does not open: the chain and the signed head still check, re-execution cannot run.
         if chain.break_seq is not None:
-            reasons.append(f"hash chain broken at seq {chain.break_seq}")
+            verdict.add("chain_broken", f"hash chain broken at seq {chain.break_seq}")
+        _content_reasons(verdict, store, problems)
         if key is not None and not head.ok:
-            reasons.append(f"signed head: {head.status} ({head.detail})")
+            verdict.add(_HEAD_CODES.get(head.status, "head_mismatch"), f"signed head: {head.status} ({head.detail})")
+        if whole["complete"] is False:
+            verdict.add("incomplete", whole["completeness"])
         try:
-            fingerprint = store.fingerprint(run_id)  # the one recorded at the erasure
-        except ContentErased as exc:  # no recorded one: the key file is missing, or the run grew after
+            fingerprint = store.fingerprint(run_id)  # after an erasure: the one recorded at the erasure
+        except ContentErased as exc:  # none recorded: the run grew after the erasure
             fingerprint = None
-            reasons.append(str(exc))
+            verdict.add("erased", str(exc))
+        except ContentUnreadable:  # named above
+            fingerprint = None
+        anchors = _anchor_reasons(verdict, fingerprint, head_chain, expect, expect_head)
         return {"run_id": run_id, "fingerprint": fingerprint, "replayed_fingerprint": None,
                 "identical": False, "events": store.last_seq(run_id) + 1, "cases": whole["received_cases"],
-                "erased_cases": erased, "reexecutable": False, "complete": whole["complete"],
+                "erased_cases": erased, "unreadable_seqs": {k: v for k, v in problems.items() if k != "erased_cases"},
+                "reexecutable": False, "complete": whole["complete"],
                 "completeness": whole["completeness"], "declared_cases": whole["declared_cases"],
                 "completed_cases": whole["completed_cases"], "backbone": spec.backbone,
                 "replayed_from_record": False, "first_divergence": None,
                 "chain_intact": chain.break_seq is None, "chain_break_seq": chain.break_seq,
-                "chain_version": chain.version, "signed_head": head.as_dict(), "warnings": warnings,
-                "reasons": reasons, "ok": False}
+                "chain_version": chain.version, "chain_head": head_chain, "signed_head": head.as_dict(),
+                **anchors, "warnings": warnings, **verdict.fields(), "ok": False}
 
     backbone_options = None
     if spec.backbone in MODEL_BACKBONES:
@@ -197,6 +295,7 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
     head_seq = store.last_seq(run_id)
     declared = whole["declared_cases"] if isinstance(whole["declared_cases"], int) else None
 
+    cache.adopt_run(store, run_id)  # re-execute with the vectors the run recorded, not this machine's (DESIGN §3)
     scratch = EventStore(":memory:")
     replay_error = None
     try:
@@ -212,28 +311,26 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
         recorded = store.read(run_id)
         replayed = scratch.read(run_id, upto_seq=upto)
         divergence = compare_logs(recorded, replayed)
-        try:
-            fingerprint = store.fingerprint(run_id)
-        except ContentErased as exc:  # a sealed row that does not open where it stands (moved, or edited)
-            fingerprint = None
-            reasons.append(f"the run's fingerprint cannot be computed: {exc}")
+        fingerprint = store.fingerprint(run_id)  # every sealed row opened above: this cannot fail on content
         replayed_fp = scratch.fingerprint(run_id, upto_seq=upto)
     finally:
         scratch.close()
-    cache.flush()
+    if not store.read_only:  # a read-only copy stays as it is: vectors it lacked were embedded in memory only
+        cache.flush()
     same = fingerprint == replayed_fp and divergence is None and replay_error is None
     identical = same and whole["complete"] is not False
     if chain.break_seq is not None:
-        reasons.append(f"hash chain broken at seq {chain.break_seq}")
+        verdict.add("chain_broken", f"hash chain broken at seq {chain.break_seq}")
     if whole["complete"] is False:
-        reasons.append(whole["completeness"])
+        verdict.add("incomplete", whole["completeness"])
     if replay_error:
-        reasons.append(replay_error)
+        verdict.add("diverged", replay_error)
     elif not same:
-        reasons.append("the re-execution differs from the log" +
-                       (f" (first at seq {divergence.seq})" if divergence else ""))
+        verdict.add("diverged", "the re-execution differs from the log" +
+                    (f" (first at seq {divergence.seq})" if divergence else ""))
     if key is not None and not head.ok:
-        reasons.append(f"signed head: {head.status} ({head.detail})")
+        verdict.add(_HEAD_CODES.get(head.status, "head_mismatch"), f"signed head: {head.status} ({head.detail})")
+    anchors = _anchor_reasons(verdict, fingerprint, head_chain, expect, expect_head)
     recorded_code = spec.code or None
     build_code = code_versions(spec.policy)
     code_diffs = differences(recorded_code, build_code) if recorded_code != build_code else []
@@ -241,9 +338,9 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
         if same:
             warnings.append("recorded by other code versions, yet re-executes identically: " + "; ".join(code_diffs))
         else:  # say why the bytes differ, not only where
-            reasons.append("recorded by other code versions: " + "; ".join(code_diffs))
+            verdict.add("code_changed", "recorded by other code versions: " + "; ".join(code_diffs))
     elif code_diffs and not same:
-        reasons.append(code_diffs[0])
+        verdict.add("code_changed", code_diffs[0])
     return {
         "run_id": run_id,
         "fingerprint": fingerprint,
@@ -261,12 +358,15 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
         "chain_intact": chain.break_seq is None,
         "chain_break_seq": chain.break_seq,
         "chain_version": chain.version,
+        "chain_head": head_chain,
         "signed_head": head.as_dict(),
+        **anchors,
         "code_versions": {"recorded": recorded_code, "build": build_code, "differences": code_diffs},
         "warnings": warnings,
-        "reasons": reasons,
-        "ok": not reasons,
+        **verdict.fields(),
+        "ok": not verdict.reasons,
     }
+
 
 
 # --- runs of tool tasks (MedAgentBench): their environment is rebuilt from the recorded files --------

@@ -1,10 +1,12 @@
-"""Regenerate (or check) the README's example outputs from what the code prints now.
+"""Regenerate (or check) the README's and the docs pages' example outputs from what the code prints now.
 
-    python scripts/readme_examples.py           # rewrite the blocks in README.md
-    python scripts/readme_examples.py --check   # exit 1 and show a diff if README.md is stale
+    python scripts/readme_examples.py           # rewrite the blocks in README.md and docs/*.md
+    python scripts/readme_examples.py --check   # exit 1 and show a diff if any of them is stale
 
 Each example is a fenced block between `<!-- example:NAME -->` and `<!-- /example -->` in
-README.md. The commands run in a scratch folder; what depends on the machine (the scratch path,
+README.md (which must hold every example: it is the tour) or in a docs page (any of them; each
+example is run once and written wherever it appears).
+The commands run in a scratch folder; what depends on the machine (the scratch path,
 worker count, seconds) is normalised, so the text is the same on any machine. Fingerprints,
 accuracies and counts are printed as the code computes them: a change of event bytes shows here.
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 CASES = ROOT / "examples" / "cases.jsonl"
 
 # name → (commands run in order; the output shown is the last one's)
@@ -30,6 +33,10 @@ EXAMPLES: dict[str, list[list[str]]] = {
     "replay": [["run", str(CASES), "--db", "runs.duckdb", "--run-id", "ex"],
                ["replay", "--db", "runs.duckdb", "--from", "ex", "--permutations", "5", "--seed", "0",
                 "--plot", "curves.png", "--report", "report.html"]],
+    "verify": [["run", str(CASES), "--db", "runs.duckdb", "--run-id", "ex"],
+               ["verify", "--db", "runs.duckdb", "ex"]],
+    "audit": [["run", str(CASES), "--db", "runs.duckdb", "--run-id", "ex"],
+              ["audit", "explain", "ex", "ex-056", "--db", "runs.duckdb"]],
 }
 
 _NORMALISE = [
@@ -55,38 +62,60 @@ def render(name: str, workdir: Path) -> str:
         out = proc.stdout
     for pattern, repl in _NORMALISE:
         out = pattern.sub(repl, out)
+    for scratch in {str(workdir.resolve()), str(workdir)}:  # files the commands name (the key file) are in it
+        out = out.replace(scratch + os.sep, "")
     return out.replace(str(CASES), "examples/cases.jsonl").rstrip() + "\n"
 
 
-def updated_readme(text: str) -> str:
+def _block(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- example:{name} -->\n```\n)(.*?)(```\n<!-- /example -->)", re.S)
+
+
+def pages() -> list[Path]:
+    """README.md, then every docs page holding an example block."""
+    return [README] + [p for p in sorted(DOCS.glob("*.md")) if "<!-- example:" in p.read_text(encoding="utf-8")]
+
+
+def updated(texts: dict[Path, str]) -> dict[Path, str]:
+    """Each page's text with its example blocks replaced by what the code prints now."""
+    for name in EXAMPLES:
+        if not _block(name).search(texts[README]):
+            raise SystemExit(f"README.md has no block <!-- example:{name} --> … <!-- /example -->")
+    for path, text in texts.items():
+        for name in re.findall(r"<!-- example:([a-z0-9-]+) -->", text):
+            if name not in EXAMPLES:
+                raise SystemExit(f"{path.relative_to(ROOT)}: no example named {name!r} in scripts/readme_examples.py")
+    out = dict(texts)
     with tempfile.TemporaryDirectory(prefix="gr-readme-") as tmp:
         for name in EXAMPLES:
-            block = re.compile(rf"(<!-- example:{name} -->\n```\n)(.*?)(```\n<!-- /example -->)", re.S)
-            if not block.search(text):
-                raise SystemExit(f"README.md has no block <!-- example:{name} --> … <!-- /example -->")
             body = render(name, Path(tmp))
-            text = block.sub(lambda m: m.group(1) + body + m.group(3), text, count=1)
-    return text
+            for path in out:
+                out[path] = _block(name).sub(lambda m: m.group(1) + body + m.group(3), out[path])
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if README.md differs from what the code prints")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a page differs from what the code prints")
     args = ap.parse_args()
-    old = README.read_text(encoding="utf-8")
-    new = updated_readme(old)
+    old = {p: p.read_text(encoding="utf-8") for p in pages()}
+    new = updated(old)
+    stale = [p for p in old if new[p] != old[p]]
     if args.check:
-        if new != old:
-            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
-                                                       "README.md", "README.md (code now)"))
+        for p in stale:
+            rel = str(p.relative_to(ROOT))
+            sys.stdout.writelines(difflib.unified_diff(old[p].splitlines(True), new[p].splitlines(True),
+                                                       rel, f"{rel} (code now)"))
+        if stale:
             return 1
-        print("README examples are current")
+        print("README and docs examples are current")
         return 0
-    if new != old:
-        tmp = README.with_suffix(".md.tmp")
-        tmp.write_text(new, encoding="utf-8")
-        os.replace(tmp, README)  # atomic: an interrupted run never leaves half a README
-    print("README examples regenerated" if new != old else "README examples already current")
+    for p in stale:
+        tmp = p.with_suffix(".md.tmp")
+        tmp.write_text(new[p], encoding="utf-8")
+        os.replace(tmp, p)  # atomic: an interrupted run never leaves half a page
+    print(f"examples regenerated in {', '.join(str(p.relative_to(ROOT)) for p in stale)}" if stale
+          else "README and docs examples already current")
     return 0
 
 

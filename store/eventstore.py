@@ -169,6 +169,8 @@ class EventStore:
     def __init__(self, path: str | Path = ":memory:", read_only: bool = False,
                  codec: SealingCodec | None | str = "auto"):
         self.path = str(path)
+        self.read_only = read_only
+        """Opened read-only (verify, audit, export, ui): nothing, the embedding cache included, is written."""
         self.codec: SealingCodec | None = default_codec(self.path, read_only) if codec == "auto" else codec
         """Seals case content per subject (None: stored in clear). "auto": a file's own key file; a replay's
         scratch store is given its target's codec, so what it writes is sealed as the target's rows are."""

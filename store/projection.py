@@ -24,7 +24,7 @@ from grandrounds.store.memory_state import MemoryState
 from grandrounds.store.policy_memory import import_part, part_for, retrieves
 from grandrounds.store.safe_codec import CheckpointFormatError, decode, encode
 
-PROJECTION_VERSION = 5  # 2: policy memory parts, memory.seeded; 3: safe checkpoint format (pickles refused);
+PROJECTION_VERSION = 6  # 6: exact (int8) vectors in the indexes, recorded vector keys; 2: policy memory parts, memory.seeded; 3: safe checkpoint format (pickles refused);
 # 4: Evo-MedAgent's memory is a part too (its rules, episodes and indexes moved out of the projection)
 # 5: content keys of the cases seen (the leakage guard by content)
 CHECKPOINT_NAME = "memory"
@@ -52,6 +52,9 @@ class MemoryProjection:
         self.cases_by_content: dict[str, list[str]] = {}
         """content key -> the cases that carried it, in the order seen."""
         self._cache: EmbeddingCache | None = None  # not saved in checkpoints
+        self.vector_keys: dict[str, int] = {}
+        """embedding key -> seq of the `embeddings.recorded` event that recorded it in this run: what a
+        stage that used the vector need not record again."""
 
     def bind(self, cache: EmbeddingCache) -> "MemoryProjection":
         self._cache = cache
@@ -78,8 +81,9 @@ class MemoryProjection:
         self.cases_by_content.setdefault(key, []).append(case_id)
 
     def embed(self, text: str) -> np.ndarray:
+        """The text's exact vector (recorded, else computed and quantized: store/vectors.py)."""
         assert self._cache is not None, "projection not bound to an embedding cache"
-        return self._cache.get(text)
+        return self._cache.exact(text)
 
     def apply_stored(self, events: list[StoredEvent]) -> None:
         for e in events:
@@ -87,6 +91,13 @@ class MemoryProjection:
             self.last_chain = e.chain
 
     def apply(self, seq: int, payload: EventPayload) -> None:
+        if isinstance(payload, ev.EmbeddingsRecorded):
+            for v in payload.vectors:
+                self.vector_keys.setdefault(v.key, seq)
+            if self._cache is not None:
+                self._cache.adopt(payload)
+            self.state.last_seq = seq
+            return
         if isinstance(payload, ev.MemorySeeded):
             self._seed(seq, payload)
             return
@@ -103,6 +114,11 @@ class MemoryProjection:
         """Fold another run's memory events. They get negative seqs in the source's order, so
         everything tie-broken by creation order ranks them before this run's own items."""
         base = seeded.source_seq + 1
+        if self._cache is not None:  # the source's vectors first: its stages recorded them after using them
+            for item in seeded.events:
+                if item["type"] == ev.EmbeddingsRecorded.event_type:
+                    self._cache.adopt(ev.EmbeddingsRecorded.model_validate(
+                        upcast(item["type"], item["schema_version"], item["payload"])))
         for item in seeded.events:
             data = upcast(item["type"], item["schema_version"], item["payload"])
             self.apply(item["seq"] - base, payload_class(item["type"]).model_validate(data))
@@ -120,6 +136,7 @@ class OpenedProjection:
 def rebuild(store: EventStore, run_id: str, cache: EmbeddingCache, upto_seq: int | None = None,
             exact_limit: int = 4096) -> MemoryProjection:
     proj = MemoryProjection(cache.embedder.dim, exact_limit=exact_limit).bind(cache)
+    cache.adopt_run(store, run_id)
     for e in store.iter(run_id, upto_seq=upto_seq):
         proj.apply(e.seq, e.decode())
         proj.last_chain = e.chain
@@ -184,6 +201,7 @@ def open_projection(store: EventStore, run_id: str, cache: EmbeddingCache,
                 reason = loaded
             else:
                 loaded.bind(cache)
+                cache.adopt_run(store, run_id)  # the run's own vectors, for what it folds and executes next
                 if seq == head_seq:
                     return OpenedProjection(loaded, "checkpoint")
                 loaded.apply_stored(store.read(run_id, after_seq=seq))
@@ -229,6 +247,7 @@ def projections_at(store: EventStore, run_id: str, cache: EmbeddingCache, seqs: 
     if not wanted:
         return out
     proj = MemoryProjection(cache.embedder.dim, exact_limit=exact_limit).bind(cache)
+    cache.adopt_run(store, run_id)
     pending = list(wanted)
     for e in store.iter(run_id, upto_seq=wanted[-1]):
         while pending and pending[0] < e.seq:  # the projection before this event

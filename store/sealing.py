@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
 
 from grandrounds.store.canonical import canonical_json
 from grandrounds.store.errors import GrandroundsError
-from grandrounds.store.keyring import KeyRing, keys_path_for
+from grandrounds.store.keyring import KeyFileMissing, KeyRing, keys_path_for
 
 SEALED_KEY = "$sealed"
 ERASED = "[erased]"
@@ -60,7 +60,12 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
 }
 """Event type -> the fields holding case content."""
 
-_STAND_IN: dict[str, Any] = {"s": ERASED, "l": [], "d": {"erased": ERASED}, "n": None}
+def stand_ins(env: dict, text: str = ERASED) -> dict:
+    """What the sealed fields read as when they cannot be opened: `text` for a string, [] for a list, an
+    object naming why for an object ({"erased": "[erased]"} after an erasure), null otherwise."""
+    why = "erased" if text == ERASED else "unreadable"
+    fields = env.get("f") if isinstance(env.get("f"), dict) else {}
+    return {f: {"s": text, "l": [], "d": {why: text}}.get(k) for f, k in fields.items()}
 
 
 def _kind(v: Any) -> str:
@@ -77,8 +82,38 @@ def is_erased_case(case: dict) -> bool:
     return case.get("erased") == ERASED and "case_id" not in case
 
 
-class ContentErased(GrandroundsError, LookupError):
-    """Plaintext asked for (a fingerprint) of an event whose subject key is gone."""
+class ContentUnreadable(GrandroundsError, LookupError):
+    """Plaintext asked for (a fingerprint) of a sealed event that cannot be opened; `reason` says why, in
+    the words `verify --json` uses. Only an erasure is expected: the others mean a file is missing or the
+    row was changed, and they are never reported as an erasure."""
+
+    reason = "unreadable"
+
+
+class ContentErased(ContentUnreadable):
+    """The subject was erased on purpose (`grandrounds erase`: a tombstone in the key file)."""
+
+    reason = "erased"
+
+
+class SubjectKeyMissing(ContentUnreadable):
+    """The key file holds neither a key nor a tombstone for the row's subject: the wrong key file (another
+    database's, an old backup), or one that lost lines; nothing says it was erased."""
+
+    reason = "key_missing"
+
+
+class ContentTampered(ContentUnreadable):
+    """The ciphertext fails authentication with its subject's key: the row was edited, or moved to another
+    run, seq or type (the associated data binds it to where it was written)."""
+
+    reason = "ciphertext_tampered"
+
+
+KEY_MISSING = "[key missing]"
+TAMPERED = "[unreadable: fails authentication]"
+"""What content reads as when its subject key is not in the key file, or its ciphertext does not
+authenticate: never "[erased]", which only an erasure leaves."""
 
 
 class _Recent(OrderedDict):
@@ -174,21 +209,55 @@ class SealingCodec:
         if env is None:
             return stored
         out = {k: v for k, v in stored.items() if k != SEALED_KEY}
-        ref = env["s"]
-        key = self.ring.key(ref)
-        plain = None
-        if key is not None:
-            nonce, aad = self._nonce_and_aad(key, run_id, seq, type_, ref)
-            try:
-                plain = json.loads(self._cipher(ref).decrypt(nonce, base64.b64decode(env["c"]), aad))
-            except InvalidTag:
-                plain = None  # a key made after an erasure of the same subject: the old content stays gone
-        if plain is None:
+        try:
+            out.update(self._plaintext(run_id, seq, type_, env))
+        except ContentUnreadable as exc:
             if strict:
-                raise ContentErased(f"run {run_id!r} seq {seq}: content erased (subject key destroyed)")
-            plain = {f: _STAND_IN[k] for f, k in env["f"].items()}
-        out.update(plain)
+                raise
+            out.update(stand_ins(env, ERASED if isinstance(exc, ContentErased) else
+                                 KEY_MISSING if isinstance(exc, SubjectKeyMissing) else TAMPERED))
         return out
+
+    def _plaintext(self, run_id: str, seq: int, type_: str, env: dict) -> dict:
+        """The sealed fields, or the `ContentUnreadable` that says why not. A key file that is not there at
+        all is `KeyFileMissing` (bad input naming the file): a sealed row was written with a key file."""
+        try:
+            ref = env["s"]
+            ciphertext = base64.b64decode(env["c"], validate=True)
+            if not isinstance(env["f"], dict):
+                raise TypeError("fields")
+        except (KeyError, TypeError, ValueError):
+            raise ContentTampered(f"run {run_id!r} seq {seq}: sealed envelope is malformed (edited)") from None
+        key = self.ring.key(ref)
+        if key is None:
+            if self.ring.is_erased(ref):
+                raise ContentErased(f"run {run_id!r} seq {seq}: content erased (subject key destroyed)")
+            if self.ring.file_missing():
+                raise KeyFileMissing(self.ring.path)
+            raise SubjectKeyMissing(f"run {run_id!r} seq {seq}: key file {self.ring.path} holds no key and no "
+                                    f"erasure record for subject {str(ref)[:12]}…: is it this database's key file?")
+        nonce, aad = self._nonce_and_aad(key, run_id, seq, type_, ref)
+        try:
+            plain = json.loads(self._cipher(ref).decrypt(nonce, ciphertext, aad))
+        except InvalidTag:
+            if self.ring.was_erased(ref):  # a key made after an erasure of the same subject: the old content
+                raise ContentErased(f"run {run_id!r} seq {seq}: content erased (subject key destroyed)") from None
+            raise ContentTampered(f"run {run_id!r} seq {seq} ({type_}): sealed content fails authentication: the "
+                                  "ciphertext was edited, or the row moved (run, seq or type changed)") from None
+        if not isinstance(plain, dict):
+            raise ContentTampered(f"run {run_id!r} seq {seq}: sealed content is not an object")
+        return plain
+
+    def problem(self, run_id: str, seq: int, type_: str, stored: dict) -> ContentUnreadable | None:
+        """Why a stored payload's sealed content does not open (None: it opens, or nothing is sealed)."""
+        env = stored.get(SEALED_KEY)
+        if env is None:
+            return None
+        try:
+            self._plaintext(run_id, seq, type_, env)
+        except ContentUnreadable as exc:
+            return exc
+        return None
 
     def readable(self, stored: dict) -> bool:
         env = stored.get(SEALED_KEY)
@@ -236,3 +305,14 @@ def shared_codec(read_only: bool = False) -> SealingCodec | None:
     if os.environ.get(ENCRYPT_ENV, "1") == "0" or not os.environ.get(KEYS_ENV):
         return None
     return SealingCodec(KeyRing(os.environ[KEYS_ENV], read_only=read_only))
+
+
+def require_key_file(store) -> None:
+    """`KeyFileMissing` (bad input naming the file) when the store holds sealed rows and its key file is
+    gone: for commands that would otherwise fail on every page or row (the web view), said once, up front."""
+    if store.codec is None or not store.codec.ring.file_missing():
+        return
+    row = store.conn.execute("SELECT 1 FROM events WHERE contains(CAST(payload AS VARCHAR), ?) LIMIT 1",
+                             [SEALED_KEY]).fetchone()
+    if row is not None:
+        raise KeyFileMissing(store.codec.ring.path)

@@ -61,7 +61,10 @@ def load_key(key_file: str | None = None, environ: dict | None = None) -> Signin
         path = Path(key_file)
         if not path.is_file():
             raise SigningKeyError(f"--key-file {key_file!r}: no such file")
-        secret = path.read_bytes()
+        try:
+            secret = path.read_bytes()
+        except OSError as exc:
+            raise SigningKeyError(f"--key-file {key_file!r}: cannot be read ({exc.strerror or exc})") from None
         if secret.endswith(b"\n"):
             secret = secret[:-1]
             if secret.endswith(b"\r"):
@@ -108,11 +111,35 @@ def current_head(store, run_id: str) -> RunHead:
     return RunHead(run_id, int(row[0]), int(row[1]), row[2])
 
 
-def sign_head(store, run_id: str, key: SigningKey) -> RunHead:
-    """Sign the run's head as the file holds it now (replacing an earlier signature)."""
+class SignedByAnotherKey(SigningKeyError):
+    """The run's head is signed by a key other than the one given: replacing it would silently move the
+    run's trust to the new key (what an attacker who rewrote the log would do). `--force` replaces it."""
+
+    def __init__(self, run_id: str, key_id: str, signed_seq: int, given: str):
+        self.run_id, self.key_id, self.signed_seq = run_id, key_id, signed_seq
+        super().__init__(f"run {run_id!r}: its head (seq {signed_seq}) is signed by another key, key id {key_id} "
+                         f"(the key given is {given}); not replaced. Check the log with that key "
+                         "(`grandrounds verify --key-file`), or replace it with this one: `grandrounds sign --force`")
+
+
+def signed_by(store, run_id: str) -> tuple[str, int] | None:
+    """(key id, signed last seq) of the run's signed head, or None when it has none."""
+    try:
+        row = store.conn.execute("SELECT key_id, last_seq FROM signed_heads WHERE run_id = ?", [run_id]).fetchone()
+    except duckdb.CatalogException:
+        return None
+    return None if row is None else (row[0], int(row[1]))
+
+
+def sign_head(store, run_id: str, key: SigningKey, force: bool = False) -> RunHead:
+    """Sign the run's head as the file holds it now, replacing an earlier signature by the same key; one
+    by another key only with `force` (else `SignedByAnotherKey`, naming that key's id)."""
     head = current_head(store, run_id)
     if head.last_seq < 0:
         raise SigningKeyError(f"no run {run_id!r} to sign in {store.path}")
+    earlier = signed_by(store, run_id)
+    if earlier is not None and earlier[0] != key.key_id and not force:
+        raise SignedByAnotherKey(run_id, earlier[0], earlier[1], key.key_id)
     conn = store.conn
     row = [head.last_seq, head.events, head.chain, head.chain_version, key.key_id, key.mac(head), run_id]
     try:

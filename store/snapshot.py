@@ -14,7 +14,7 @@ from grandrounds.store.errors import InvalidInput
 from typing import Any
 
 from grandrounds.store.case_content import content_key
-from grandrounds.store.event_types import CaseReceived, MemorySeeded, RunStarted
+from grandrounds.store.event_types import CaseReceived, EmbeddingsRecorded, MemorySeeded, RunStarted
 from grandrounds.store.events import payload_class
 from grandrounds.store.eventstore import EventStore
 
@@ -44,7 +44,8 @@ def memory_snapshot(store: EventStore, run_id: str) -> MemorySeeded:
             key = content_key(e.payload["case"])
             if key is not None and e.case_id is not None:
                 cases.setdefault(e.case_id, key)
-        elif payload_class(e.type).carries_memory:
+        elif e.type == EmbeddingsRecorded.event_type or payload_class(e.type).carries_memory:
+            # (the source's recorded vectors too: the seeded memory is folded with them, on any machine)
             events.append({"seq": e.seq, "type": e.type, "schema_version": e.schema_version, "payload": e.payload})
     assert started is not None
     return MemorySeeded(source_run=run_id, source_seq=head_seq, source_chain=head_chain or "",

@@ -1,10 +1,13 @@
 """A deterministic cosine index over memory items: hnswlib above a size, exact below it.
 
-Search results must be a pure function of the projection (DESIGN §3). So: items get
-labels in insertion (event) order, the HNSW graph is built and extended single-threaded
-with a fixed seed, candidates are always re-scored exactly against the stored vectors,
-and ties are broken by label. Below `exact_limit` live items an exact matrix product is
-both faster and exact, so the graph is only built once the store outgrows it.
+Search results must be a pure function of the projection, on any CPU (DESIGN §3). The vectors are
+integer-valued (store/vectors.py: int8 quantized embeddings), so every dot product, whether numpy's BLAS,
+hnswlib's SIMD kernels or a loop computes it, is the same exact integer, and every cosine the same
+correctly rounded float64. Items get labels in insertion (event) order, the HNSW graph is built and
+extended single-threaded with a fixed seed over inner products (exact integers: the graph is the same on
+every CPU), candidates are re-scored by exact cosine, and ties are broken by label. Below `exact_limit`
+live items an exact matrix product is both faster and exact, so the graph is only built once the store
+outgrows it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import contextlib
 
 import hnswlib
 import numpy as np
+
+from grandrounds.store.vectors import cosines_from_dots, norm_sq
 
 
 class VectorIndex:
@@ -25,6 +30,8 @@ class VectorIndex:
         self.ef_search = ef_search
         self.seed = seed
         self._vecs = np.zeros((64, dim), dtype=np.float32)
+        self._norms = np.zeros(64, dtype=np.float64)
+        """|v|² of each stored vector, exact (an integer): the cosine's denominator, computed once."""
         self._alive = np.zeros(64, dtype=bool)
         self._n = 0
         self._live = 0
@@ -38,23 +45,26 @@ class VectorIndex:
         return self._hnsw is not None
 
     def add(self, vec: np.ndarray) -> int:
-        """Add a unit vector; returns its label (the insertion ordinal)."""
+        """Add an integer-valued vector (store/vectors.py `exact`); returns its label (the insertion ordinal)."""
         label = self._n
         if label >= len(self._vecs):
             grow = len(self._vecs) * 2
             self._vecs = np.resize(self._vecs, (grow, self.dim))
             self._vecs[label:] = 0
+            self._norms = np.resize(self._norms, grow)
+            self._norms[label:] = 0
             alive = np.zeros(grow, dtype=bool)
             alive[: len(self._alive)] = self._alive
             self._alive = alive
         self._vecs[label] = vec
+        self._norms[label] = norm_sq(self._vecs[label])
         self._alive[label] = True
         self._n += 1
         self._live += 1
         if self._hnsw is not None:
             if self._n > self._hnsw.get_max_elements():
                 self._hnsw.resize_index(max(2 * self._hnsw.get_max_elements(), self._n))
-            self._hnsw.add_items(vec.reshape(1, -1), [label], num_threads=1)
+            self._hnsw.add_items(self._vecs[label].reshape(1, -1), [label], num_threads=1)
         elif self._live > self.exact_limit:
             self._build_hnsw()
         return label
@@ -71,7 +81,11 @@ class VectorIndex:
         return self._vecs[label]
 
     def _build_hnsw(self) -> None:
-        index = hnswlib.Index(space="cosine", dim=self.dim)
+        # Inner product, not hnswlib's "cosine" space: "cosine" normalises each vector in float (its last
+        # bits the compiler's and CPU's), inner products of integer vectors are exact integers. Quantized
+        # unit vectors all have norms within a fraction of a percent of 128, so the nearest by inner
+        # product are the nearest by cosine, which the exact re-scoring then orders.
+        index = hnswlib.Index(space="ip", dim=self.dim)
         index.init_index(max_elements=max(2 * self._n, 1024), ef_construction=self.ef_construction,
                          M=self.m, random_seed=self.seed)
         index.set_num_threads(1)
@@ -83,11 +97,12 @@ class VectorIndex:
         index.set_ef(self.ef_search)
         self._hnsw = index
 
+    def _cosines(self, labels: np.ndarray, query: np.ndarray) -> np.ndarray:
+        dots = self._vecs[labels] @ query  # exact: integers below 2^23 in float32, any summation order
+        return cosines_from_dots(dots, self._norms[labels], norm_sq(query))
+
     def _rescore(self, cand: np.ndarray, query: np.ndarray, k: int) -> list[tuple[int, float]]:
-        # Scores are recomputed in float64, row by row (elementwise product and a per-row sum,
-        # no BLAS kernel whose blocking depends on the matrix size), so HNSW and exact search
-        # give the same score to the same item bit for bit.
-        sims = (self._vecs[cand].astype(np.float64) * query.astype(np.float64)).sum(axis=1)
+        sims = self._cosines(cand, query)
         order = np.lexsort((cand, -sims))[:k]
         # tolist(): Python ints and floats in one C pass (the same values; indexing numpy scalars one by
         # one cost more than the rescoring itself)
@@ -104,21 +119,24 @@ class VectorIndex:
                 return self._rescore(labels[0].astype(np.int64), query, k)  # labels are distinct
             except RuntimeError:
                 pass  # graph could not return k live items: fall back to exact
-        sims = self._vecs[: self._n] @ query
-        if self._live < self._n:  # (nothing to mask while no item was removed: a pass and a copy fewer)
-            sims = np.where(self._alive[: self._n], sims, -np.inf)
+        n = self._n
+        sims = cosines_from_dots(self._vecs[:n] @ query, self._norms[:n], norm_sq(query))
+        if self._live < n:  # (nothing to mask while no item was removed: a pass and a copy fewer)
+            sims = np.where(self._alive[:n], sims, -np.inf)
         if k < self._live:
-            # The k-th best score; for k = 1 that is the maximum, without a partition of every score.
+            # The k-th best score (exact); for k = 1 that is the maximum, without a partition of every score.
             kth = sims.max() if k == 1 else sims[np.argpartition(-sims, k - 1)[:k]].min()
-            # Widen to everything within float32 noise of the k-th score: the float64 rescoring
-            # and the label tie-break then decide, exactly.
-            part = np.flatnonzero(sims >= kth - 1e-5)
+            part = np.flatnonzero(sims >= kth)  # every item tied with the k-th: the label tie-break decides
         else:
             part = np.flatnonzero(np.isfinite(sims))
-        return self._rescore(part, query, k)
+        order = np.lexsort((part, -sims[part]))[:k]
+        return list(zip(part[order].tolist(), sims[part][order].tolist()))
 
     def similarities(self, query: np.ndarray, labels: list[int]) -> np.ndarray:
-        return self._vecs[labels] @ query if labels else np.zeros(0, dtype=np.float32)
+        """Exact cosines of the query with the items `labels`."""
+        if not labels:
+            return np.zeros(0, dtype=np.float64)
+        return self._cosines(np.asarray(labels, dtype=np.int64), query)
 
 
 @contextlib.contextmanager
@@ -129,8 +147,7 @@ def single_threaded_blas():
     OpenBLAS's thread hand-off costs ~10x the product itself (1.2 ms against 0.06 ms per
     2,500-row search measured here), and more again on a busy machine. Parallelism comes
     from running runs in separate processes instead. Results do not depend on it: every
-    score that reaches an event is recomputed in float64 over the candidates
-    (store.vector_index).
+    dot product is of integer vectors, exact in any summation order (store.vectors).
     """
     try:
         from threadpoolctl import threadpool_limits

@@ -30,18 +30,18 @@ def test_a_run_records_its_policy_and_stage_code_versions(recorded_db):
     with EventStore(recorded_db, read_only=True) as store:
         started = store.read("src", upto_seq=0)[0].payload
     assert started["code"] == code_versions(EvoMedAgentPolicy()) == {
-        "policy": 1, "stages": {"retrieve": 1, "act": 1, "feedback": 1, "reflect": 1, "govern": 1}}
+        "policy": 1, "stages": {"retrieve": 2, "act": 2, "feedback": 2, "reflect": 2, "govern": 2}}
 
 
 def test_verify_names_the_versions_when_a_bumped_stage_changed_the_bytes(db_copy, monkeypatch):
     # The retrieve stage now rounds scores to 5 decimals instead of 6, and says so with its version.
     monkeypatch.setattr(retrieve, "_r6", lambda x: round(float(x), 5))
-    monkeypatch.setitem(STAGE_VERSIONS, "retrieve", 2)
+    monkeypatch.setitem(STAGE_VERSIONS, "retrieve", 3)
     out = _verify(db_copy, "src")
     assert not out["identical"] and not out["ok"]
-    assert "retrieve: recorded by version 1, this build is 2" in " ".join(out["reasons"])
-    assert out["code_versions"]["recorded"]["stages"]["retrieve"] == 1
-    assert out["code_versions"]["build"]["stages"]["retrieve"] == 2
+    assert "retrieve: recorded by version 2, this build is 3" in " ".join(out["reasons"])
+    assert out["code_versions"]["recorded"]["stages"]["retrieve"] == 2
+    assert out["code_versions"]["build"]["stages"]["retrieve"] == 3
 
 
 def test_a_bumped_version_that_changed_nothing_still_verifies_with_a_warning(db_copy, monkeypatch):
@@ -60,3 +60,22 @@ def test_a_log_recorded_before_versions_re_executes_identically():
         result = verify_run(store, events[0].run_id, EmbeddingCache(shared_minilm(), store.conn))
     assert result["identical"] and result["ok"]
     assert result["code_versions"]["recorded"] is None and result["code_versions"]["differences"]
+
+
+LEGACY_FLOAT = Path(__file__).resolve().parent / "golden" / "legacy" / "evo-medagent-stages-v1.jsonl"
+
+
+def test_a_log_of_the_float_arithmetic_keeps_its_chain_and_is_named_not_re_executed():
+    """Stage version 1 logs (before recorded embeddings and int8 arithmetic, grandrounds <= a96edf8): their
+    chain and fingerprint still check on any machine, and verify says that they were recorded by version 1
+    of every stage instead of reporting a bare divergence; they re-execute only with the build that wrote
+    them (README, "Old logs")."""
+    events = load_jsonl(LEGACY_FLOAT)  # the import re-checks every chain hash
+    assert events[0].payload["code"]["stages"]["retrieve"] == 1
+    assert not any(e.type == "embeddings.recorded" for e in events)
+    with EventStore(":memory:") as store:
+        store.import_events(events)
+        assert store.check_chain(events[0].run_id).break_seq is None
+        result = verify_run(store, events[0].run_id, EmbeddingCache(shared_minilm(), store.conn))
+    assert result["chain_intact"] and not result["identical"]
+    assert "retrieve: recorded by version 1, this build is 2" in " ".join(result["reasons"])

@@ -1,48 +1,84 @@
-"""The README's real-model benchmark table is the recorded result file's, rendered by the script.
+"""The benchmark figures of the docs site are the recorded result files', rendered by scripts/bench_docs.py.
 
-The numbers come from a real model run (benchmarks/bench_real_model.py --json), committed as
-benchmarks/results/real_model.json; nobody types them into the README.
+The numbers come from benchmark runs (benchmarks/bench_real_model.py --json writes
+benchmarks/results/real_model.json; the other files there record the figures measured with the command
+each names); nobody types them into docs/benchmarks.md. (The page was the README's benchmark section.)
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULT = ROOT / "benchmarks" / "results" / "real_model.json"
+RESULTS = ROOT / "benchmarks" / "results"
+RESULT = RESULTS / "real_model.json"
+PAGE = ROOT / "docs" / "benchmarks.md"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_real_model", ROOT / "benchmarks" / "bench_real_model.py")
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def test_readme_table_is_the_recorded_result():
+def _bench():
+    return _load("bench_real_model", ROOT / "benchmarks" / "bench_real_model.py")
+
+
+def _docs():
+    return _load("bench_docs", ROOT / "scripts" / "bench_docs.py")
+
+
+def test_benchmark_page_is_the_recorded_results():
+    assert _docs().main(["--check"]) == 0
+
+
+def test_real_model_table_is_the_recorded_result():
     if not RESULT.exists():
         pytest.skip(f"{RESULT} not recorded yet")
+    # the benchmark's own --render --check agrees with the page bench_docs wrote
     assert _bench().render_readme(RESULT, check=True) == 0
 
 
 def test_an_edited_number_is_caught(tmp_path):
     if not RESULT.exists():
         pytest.skip(f"{RESULT} not recorded yet")
-    bench = _bench()
+    docs = _docs()
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results)
     doc = json.loads(RESULT.read_text())
     rows = doc["rows"] if isinstance(doc, dict) else doc
     rows[0]["correct"] = rows[0]["correct"] + 1
-    edited = tmp_path / "edited.json"
-    edited.write_text(json.dumps(doc))
-    readme = tmp_path / "README.md"
-    readme.write_text((ROOT / "README.md").read_text())
-    assert bench.render_readme(edited, check=True, readme=readme) == 1
-    assert bench.render_readme(edited, check=False, readme=readme) == 0
-    assert bench.render_readme(edited, check=True, readme=readme) == 0
+    (results / "real_model.json").write_text(json.dumps(doc))
+    current = json.loads((results / "current.json").read_text())
+    current["rows"][0][1] = "0.1 / 0.2 ms (edited)"
+    (results / "current.json").write_text(json.dumps(current))
+    page = tmp_path / "benchmarks.md"
+    page.write_text(PAGE.read_text())
+    assert docs.main(["--check"], page=page, results=results) == 1
+    assert docs.main([], page=page, results=results) == 0
+    assert docs.main(["--check"], page=page, results=results) == 0
+    text = page.read_text()
+    assert "0.1 / 0.2 ms (edited)" in text and f"| {rows[0]['correct']}/{rows[0]['cases']} = " in text
+    # and the benchmark's own renderer agrees with what bench_docs wrote
+    assert _bench().render_readme(results / "real_model.json", check=True, readme=page) == 0
+
+
+def test_a_results_file_without_its_block_is_refused(tmp_path):
+    docs = _docs()
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results)
+    (results / "new_figure.json").write_text(json.dumps({"title": "t", "columns": ["a"], "rows": [["1"]]}))
+    page = tmp_path / "benchmarks.md"
+    page.write_text(PAGE.read_text())
+    with pytest.raises(SystemExit, match="new-figure"):
+        docs.main(["--check"], page=page, results=results)
 
 
 def test_chest_slice_keeps_every_question_of_the_first_cases(tmp_path):

@@ -1,7 +1,8 @@
-"""The README's example outputs are what the code prints now (scripts/readme_examples.py).
+"""The example outputs of the README's tour and of the docs pages are what the code prints now
+(scripts/readme_examples.py runs each example's commands: run, replay, verify, audit explain).
 
-A change of event bytes changes the fingerprints shown there; this test fails until the README is
-regenerated with `python scripts/readme_examples.py`, so its examples cannot go stale silently.
+A change of event bytes changes the fingerprints shown there; this test fails until the pages are
+regenerated with `python scripts/readme_examples.py`, so their examples cannot go stale silently.
 """
 
 from __future__ import annotations

@@ -154,14 +154,20 @@ def test_a_worker_hands_back_its_events_and_the_vectors_it_had_to_embed(db_copy,
     with EventStore(db_copy) as target:
         job = plan_replay(target, "src", 1, 9).runs[0].job
         cache = EmbeddingCache(shared_minilm(), target.conn)
-        dropped = sorted(cache.key(c.question) for c in job.cases[:3])
-        _seed_file(target, seed)
+        _seed_file(target, cache, seed)
+    args = (job.run_id, job.spec.model_dump(mode="json"), [c.model_dump(mode="json") for c in job.cases], str(seed), [])
+    # Three texts the job embeds that the seed holds (its retrieval queries are de-identified questions,
+    # not the raw ones): from the vectors its own log records.
+    first = _worker(*args)
+    used = [v["key"] for r in first["rows"] if r[2] == "embeddings.recorded" for v in json.loads(r[6])["vectors"]]
     con = duckdb.connect(str(seed))
+    held = {k for (k,) in con.execute("SELECT key FROM embedding_cache").fetchall()}
+    dropped = sorted([k for k in used if k in held][:3])
+    assert len(dropped) == 3
     con.execute("DELETE FROM embedding_cache WHERE key IN (SELECT unnest(?::VARCHAR[]))", [dropped])
     seeded = {k for (k,) in con.execute("SELECT key FROM embedding_cache").fetchall()}
     con.close()
-    out = _worker(job.run_id, job.spec.model_dump(mode="json"), [c.model_dump(mode="json") for c in job.cases],
-                  str(seed), [])
+    out = _worker(*args)
     returned = {v[0] for v in out["vectors"]}
     assert set(dropped) <= returned and not returned & seeded and out["processed"] == len(job.cases)
     out["vectors"] = [v for v in out["vectors"] if v[0] in dropped]

@@ -222,7 +222,7 @@ def _tampered(signed_db: Path, tmp_path: Path, attack) -> Path:
         con.close()
     if attack is resign_with_another_key:
         with EventStore(path) as store:
-            sign_head(store, "r", ATTACKER_KEY)
+            sign_head(store, "r", ATTACKER_KEY, force=True)  # an attacker replaces the head as they please
     return path
 
 

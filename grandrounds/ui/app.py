@@ -28,7 +28,7 @@ from grandrounds.ui import pages
 
 INPUT_ERRORS = (AuditInputError, UnknownRun)
 
-_MARKED = re.compile(r"\[(erased|" + "|".join(p[1:-1] for p in PLACEHOLDERS.values()) + r")\]")
+_MARKED = re.compile(r"\[(erased|" + "|".join(re.escape(p[1:-1]) for p in PLACEHOLDERS.values()) + r")\]")
 
 
 def marked(text) -> Markup:

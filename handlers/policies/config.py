@@ -23,6 +23,15 @@ class PolicyBase(_Config):
     """What every policy config has: its name, and the ablation switches its papers report."""
 
     name: str
+    memory_min_subjects: int = Field(3, ge=1)
+    """The k-subjects rule (handlers/subject_gate.py): a word of a case's text enters memory text
+    (trigger, summary, guideline, rule, skill, lesson, episode) only once the cases of at least this many
+    distinct subjects hold it, so a name, a street or a phone format that one patient's cases alone hold
+    never becomes memory. 1: off (runs recorded before the rule)."""
+    deidentify_patterns: int = Field(2, ge=1, le=2)
+    """The de-identifier's pattern set: 2 adds names without an honorific, international phone
+    formats, addresses, record numbers and more date formats read from the case text; 1: the set
+    before them (runs recorded before)."""
     ablations: ClassVar[dict[str, dict[str, Any]]] = {}
     """Switch name -> the fields it sets (`replay --ablation NAME`, `run --ablation NAME`)."""
     recorded_defaults: ClassVar[dict[str, Any]] = {}
@@ -30,10 +39,17 @@ class PolicyBase(_Config):
     A run's `run.started` holds its full config, so a field missing there predates the field: the
     run is rebuilt with this value (not the class default, which is what new runs get). This is how
     a deliberate change of behaviour keeps old runs (and the golden logs) re-executable."""
+    shared_recorded_defaults: ClassVar[dict[str, Any]] = {"memory_min_subjects": 1, "deidentify_patterns": 1}
+    """`recorded_defaults` of the fields every policy has: merged into each class's own."""
     code_version: ClassVar[int] = 1
     """The version of this policy's code that shapes its events (retrieval, memory writes,
     governance), recorded in `run.started`. Bump it in the commit that changes the bytes of the events
     the policy writes (see `STAGE_VERSIONS` in handlers/stages.py)."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls.recorded_defaults = {**PolicyBase.shared_recorded_defaults, **cls.recorded_defaults}
 
 
 class EvoMedAgentPolicy(PolicyBase):
@@ -195,8 +211,21 @@ def policy_from_dict(data: dict, source: str = "policy", recorded: bool = False)
 
 
 def read_policy_file(path: Path) -> PolicyBase:
+    # Every way the file can fail to be read names the file (a bare codec or OS message names none).
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+    except IsADirectoryError:
+        raise PolicyError(f"{path}: is a directory, not a policy TOML file") from None
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise PolicyError(f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start}); TOML files are "
+                          "UTF-8") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{path}: not valid TOML ({exc})") from None
     return policy_from_dict(data, source=str(path))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable
 from grandrounds.store.case_content import own_set
-import math
+import math  # sqrt only: IEEE 754 makes it correctly rounded; ln goes through exact_math
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from grandrounds.handlers.policies.evo_medagent.events import (EpisodeStored, Ru
                                                             RuleRetired, ToolLabelChanged)
 from grandrounds.handlers.policies.evo_medagent.memory import EvoMemory, Rule, ToolRecord
 from grandrounds.handlers.text import content_tokens
+from grandrounds.store import exact_math
 from grandrounds.store.event_types import (AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded,
                                            RetrievedEpisode, RetrievedRule, RuleEditProposal, RuleOutcome, ToolCall,
                                            ToolGuidance, ToolOutcome)
@@ -47,7 +48,7 @@ def rule_utility(rule: Rule, total_feedback: int, cfg: EvoMedAgentPolicy) -> flo
     N is the number of cases with feedback so far and n the rule's selections — the
     published code's reading of the paper's "bonus for under-tested rules".
     """
-    return _utility(rule.selected, rule.helpful, math.log(total_feedback + 1), cfg.exploration_c,
+    return _utility(rule.selected, rule.helpful, exact_math.ln(total_feedback + 1), cfg.exploration_c,
                     cfg.untested_utility)
 
 
@@ -107,7 +108,7 @@ def select_rules(proj: MemoryProjection, cfg: EvoMedAgentPolicy, own: str | Iter
         return []
     state, own = evo_memory(proj), own_set(own)
     rules, by_label = state.rules, state.rule_by_label
-    log_n1, c, untested = math.log(state.feedback_count + 1), cfg.exploration_c, cfg.untested_utility
+    log_n1, c, untested = exact_math.ln(state.feedback_count + 1), cfg.exploration_c, cfg.untested_utility
     w_rel, w_util, w_prio, bonus = cfg.w_relevance, cfg.w_utility, cfg.w_priority, cfg.priority_bonus
     # Score every candidate first (the arithmetic of `selection_score`, inlined: the same float
     # operations in the same order), then walk them best first and apply the guards only until

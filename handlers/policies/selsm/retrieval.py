@@ -5,9 +5,9 @@ query. Stage 2 (transition level): their transitions pooled, scored by cosine be
 current state and each transition's state, those below θ dropped, the rest ranked by
 (score, round index) descending — ties in relevance favour later, more informative rounds —
 and the top M returned. Remaining ties go to the earlier record, then the earlier
-transition, so the order is a pure function of memory. Scores are computed in float64 row
-by row and rounded to 6 decimals before they are compared, so the ranking (and the bytes
-of what is recorded) does not depend on the CPU's BLAS.
+transition, so the order is a pure function of memory. Scores are exact cosines of integer
+vectors (store/vectors.py), rounded to 6 decimals before they are compared, so the ranking (and the
+bytes of what is recorded) does not depend on the CPU.
 
 Without two-stage retrieval (ablation) the transitions come from all records by state
 cosine alone: the state polysemy the paper's stage 1 exists to resolve.
@@ -25,6 +25,7 @@ import numpy as np
 
 from grandrounds.handlers.policies.selsm.events import StoredTransition
 from grandrounds.handlers.policies.selsm.memory import SelsmMemory, SelsmRecord
+from grandrounds.store.vectors import cosines
 
 
 def _r6(x: float) -> float:
@@ -32,7 +33,7 @@ def _r6(x: float) -> float:
 
 
 def _cosines(rows: np.ndarray, vec: np.ndarray) -> np.ndarray:
-    return (rows.astype(np.float64) * vec.astype(np.float64)).sum(axis=1)
+    return cosines(rows, vec)  # exact: integer vectors (store/vectors.py)
 
 
 @dataclass(frozen=True)

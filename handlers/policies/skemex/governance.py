@@ -16,6 +16,7 @@ import numpy as np
 
 from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
 from grandrounds.handlers.policies.skemex.memory import Skill, SkillMemory
+from grandrounds.store.vectors import cosine as exact_cosine
 
 EVICTION_ORDER = {"deprecated": 0, "active": 1, "mature": 2}
 
@@ -108,4 +109,4 @@ def plan(mem: SkillMemory, cfg: SkeMexPolicy) -> Plan:
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.dot(a, b))
+    return exact_cosine(a, b)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Iterable
 from grandrounds.store.case_content import own_set
-import math
+import math  # sqrt only (correctly rounded by IEEE 754); exp goes through exact_math
 from dataclasses import dataclass
 
 import numpy as np
 
 from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
+from grandrounds.store import exact_math
 from grandrounds.handlers.policies.skemex.memory import Skill, SkillMemory
 
 BRANCHES = ("general", "task", "action")
@@ -29,7 +30,7 @@ def strength(skill: Skill, window: int, cfg: SkeMexPolicy) -> float:
     if skill.last_adopted_window is None:
         return 0.0
     tau = min(cfg.strength_tau_base * (1.0 + math.sqrt(skill.successes)), cfg.strength_tau_cap)
-    return math.exp(-max(0, window - skill.last_adopted_window) / tau)
+    return exact_math.exp(-max(0, window - skill.last_adopted_window) / tau)
 
 
 def skill_score(sim: float, skill: Skill, window: int, cfg: SkeMexPolicy) -> tuple[float, float]:

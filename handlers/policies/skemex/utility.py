@@ -11,12 +11,12 @@ cosine decay to 0.05 over 20).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from grandrounds.handlers.policies.skemex.config import SkeMexPolicy
 from grandrounds.handlers.policies.skemex.events import Adoption, TrajectoryRecorded
 from grandrounds.handlers.policies.skemex.memory import Baseline
+from grandrounds.store import exact_math
 
 
 def r6(x: float) -> float:
@@ -27,7 +27,7 @@ def learning_rate(adoptions: int, cfg: SkeMexPolicy) -> float:
     if cfg.lr_warmup and adoptions <= cfg.lr_warmup:
         return cfg.lr_base + (cfg.lr_max - cfg.lr_base) * adoptions / cfg.lr_warmup
     k = min(adoptions - cfg.lr_warmup, cfg.lr_decay)
-    return cfg.lr_base + (cfg.lr_max - cfg.lr_base) * 0.5 * (1.0 + math.cos(math.pi * k / cfg.lr_decay))
+    return cfg.lr_base + (cfg.lr_max - cfg.lr_base) * 0.5 * (1.0 + exact_math.cos_pi_fraction(k, cfg.lr_decay))
 
 
 def baseline_value(b: Baseline | None, cfg: SkeMexPolicy) -> float:
