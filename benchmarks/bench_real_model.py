@@ -3,11 +3,14 @@
 Runs `grandrounds run` with a real OpenAI-compatible model (the project's local model:
 `grandrounds model serve`, Qwen2.5-Coder-1.5B-Instruct, temperature 0) on the recurring MCQ
 stream (benchmarks/recurring_stream.py: the training stream, and a held-out stream of the same
-shape), for `none`, the plain `precedent` baseline and the memory policies, each
+shape), for `none`, the plain `precedent` and `long-context` baselines and the memory policies, each
 - online: learning while it answers the held-out stream, and
 - frozen: memory built on the training stream, then read-only on the held-out stream
   (`--memory-from`); `none` has no memory, so its online run is its only run;
 and verifies every run by re-executing it from its recorded exchanges (`grandrounds verify`).
+`long-context` (handlers/policies/long_context/) is the baseline recent work finds hard to beat: the
+most recent past cases and their outcomes in the prompt, newest first, up to its token budget (3,000
+estimated tokens), no retrieval; its rows say whether a memory policy beats simply remembering.
 Prints one row per run: accuracy with its Wilson 95 % interval, answers from the last-step
 fallback, cases without an answer, model calls, tokens and seconds per case, the run id and
 the verify result. A 1.5 B coder model: its scores exercise the real path, they are not a
@@ -16,6 +19,8 @@ clinical claim.
     python benchmarks/bench_real_model.py --base-url http://127.0.0.1:18080/v1 --model qwen2.5-coder-1.5b \\
         --db /tmp/realbench.duckdb [--limit-train N] [--limit-test N] [--policies none,precedent,evo-medagent] \\
         [--modes online,frozen] [--json OUT.json]
+    python benchmarks/bench_real_model.py ... --policies long-context --modes online,frozen   # the recurring rows
+    python benchmarks/bench_real_model.py ... --chest 6 --policies long-context               # the ChestAgentBench row
     python benchmarks/bench_real_model.py --collect-replies OUT.json --base-url ... --model ... [--limit-test N]
     python benchmarks/bench_real_model.py --render benchmarks/results/real_model.json [--check]
 
@@ -40,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "recurring_train.jsonl"
 TEST = ROOT / "examples" / "recurring_test.jsonl"
-POLICIES = ("none", "precedent", "evo-medagent", "skemex", "selsm", "retrosum")
+POLICIES = ("none", "precedent", "long-context", "evo-medagent", "skemex", "selsm", "retrosum")
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

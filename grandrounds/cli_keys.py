@@ -134,13 +134,6 @@ def restore(db, backup_file, as_json):
 
 def _subject_refs(store) -> tuple[set[str], set[str]]:
     """(subject refs the database's sealed rows name, refs its `erasures` table records as erased)."""
-    import duckdb
+    from grandrounds.store.erasure import subject_refs
 
-    sealed = {r[0] for r in store.conn.execute(
-        "SELECT DISTINCT json_extract_string(payload, '$.\"$sealed\".s') FROM events "
-        "WHERE json_extract_string(payload, '$.\"$sealed\".s') IS NOT NULL").fetchall()}
-    try:
-        erased = {r[0] for r in store.conn.execute("SELECT DISTINCT subject_ref FROM erasures").fetchall()}
-    except duckdb.CatalogException:  # nothing was ever erased in this file
-        erased = set()
-    return sealed, erased
+    return subject_refs(store)

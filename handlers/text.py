@@ -160,6 +160,8 @@ class TermIndex:
             return [0.0 for _ in keys]
         n = len(self.tf)
         floor = None  # needed only when a query word occurs in more than half the texts (a negative idf)
+        if not self.total_len:  # every stored text is empty (all its words withheld): no word can match
+            return [0.0 for _ in keys]
         avgdl = self.total_len / n
         q = self.words(query)
         # Each query word's idf once per query, not once per key (the same floats: the same expression).

@@ -143,3 +143,19 @@ def content_problems(store, run_id: str, types: tuple[str, ...] | None = None) -
     finally:
         cur.close()
     return out
+
+
+def subject_refs(store) -> tuple[set[str], set[str]]:
+    """(subject refs the database's sealed rows name, refs its `erasures` table records as erased): what
+    `grandrounds keys restore` compares a backup with. Here, beside the other queries over sealed rows,
+    so nothing above the store runs SQL over the events table."""
+    import duckdb
+
+    sealed = {r[0] for r in store.conn.execute(
+        "SELECT DISTINCT json_extract_string(payload, '$.\"$sealed\".s') FROM events "
+        "WHERE json_extract_string(payload, '$.\"$sealed\".s') IS NOT NULL").fetchall()}
+    try:
+        erased = {r[0] for r in store.conn.execute("SELECT DISTINCT subject_ref FROM erasures").fetchall()}
+    except duckdb.CatalogException:  # nothing was ever erased in this file
+        erased = set()
+    return sealed, erased

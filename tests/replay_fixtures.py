@@ -65,7 +65,10 @@ def _build(directory: Path) -> Path:
         cache = EmbeddingCache(shared_minilm(), store.conn)
         run_cases(store, cases, RunSpec(policy=EvoMedAgentPolicy(), source="examples-40"), run_id="src", cache=cache)
         teach = teaching_cases()
-        run_cases(store, teach, RunSpec(policy=EvoMedAgentPolicy(), source="teaching"), run_id="teach", cache=cache)
+        # The teaching stream is a rule's whole life in a few cases of few patients: without the k-subjects gate
+        # (memory_min_subjects=1; its own tests are tests/test_privacy_freetext.py), which would withhold its words.
+        run_cases(store, teach, RunSpec(policy=EvoMedAgentPolicy(memory_min_subjects=1), source="teaching"),
+                  run_id="teach", cache=cache)
         run_cases(store, teach, RunSpec(policy=NoMemoryPolicy(), source="teaching"), run_id="teach-none", cache=cache)
     return path
 

@@ -40,7 +40,8 @@ def test_official_protocol_with_memory_records_and_replays(tmp_path):
     db = tmp_path / "official.duckdb"
     with OfficialFake() as server:
         code, out = run_fhir(TASKS, db, "--backbone", "openai", "--model", "fake", "--base-url", server.base_url,
-                             "--task-type", "1", "--limit", "2", "--run-id", "o1", env=ENV)
+                             "--task-type", "1", "--limit", "2", "--run-id", "o1", "--policy", _ungated_policy(tmp_path),
+                             env=ENV)
     assert code == 0, out
     assert out["correct"] == 2 and out["memory"]["rules"] == 1 and out["llm"]["calls"] == 6
     acts = [r["messages"] for r in server.requests if "FINISH([answer1, answer2, ...])" in r["messages"][0]["content"]]
@@ -59,7 +60,7 @@ def test_official_protocol_with_memory_records_and_replays(tmp_path):
     assert out["metrics"]["osr"] == 100.0  # both solved in refsol's two rounds
 
     code, rec = run_fhir(TASKS, db, "--backbone", "record", "--record-from", "o1", "--task-type", "1", "--limit", "2",
-                         env=ENV)
+                         "--policy", _ungated_policy(tmp_path), env=ENV)
     assert code == 0, rec
     assert rec["fingerprint"] == out["fingerprint"] and rec["correct"] == 2
 
@@ -83,3 +84,11 @@ def test_protocol_options_are_checked(tmp_path):
 
     code, out = invoke_json(["run", "examples/cases.jsonl", "--protocol", "official", "--db", str(tmp_path / "y.duckdb")])
     assert code == 2 and "only with --env medagentbench" in out["error"]
+
+def _ungated_policy(tmp_path, name: str = "evo-medagent"):
+    """The preset without the k-subjects gate (memory_min_subjects = 1; the gate has its own tests in
+    tests/test_privacy_freetext.py): two tasks of one template are too few subjects for its words to pass,
+    and this test is about what the two tasks' memory holds."""
+    path = tmp_path / f"{name}-ungated.toml"
+    path.write_text(f'name = "{name}"\nmemory_min_subjects = 1\n')
+    return str(path)

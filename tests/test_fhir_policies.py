@@ -101,7 +101,11 @@ def test_policy_learns_from_fhir_tasks_and_verifies_identical(policy, tasks, tmp
 
 def test_skemex_skill_from_a_fhir_task_names_the_action_pattern_and_tool(tasks, tmp_path):
     db = tmp_path / "sk.duckdb"
-    code, out = run_fhir(tasks, db, "--policy", _policy_arg("skemex", tmp_path), "--task-type", "2")
+    # Without the k-subjects gate (it has its own tests in test_privacy_freetext.py): this checks how a skill
+    # names its action pattern, which the gate would blank ('[...]') while too few patients hold its words.
+    policy = tmp_path / "skemex-ungated.toml"
+    policy.write_text(POLICY_FILES["skemex"] + "memory_min_subjects = 1\n")
+    code, out = run_fhir(tasks, db, "--policy", str(policy), "--task-type", "2")
     assert code == 0, out
     with EventStore(str(db), read_only=True) as s:
         events = s.read(out["run_id"])

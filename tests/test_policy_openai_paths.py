@@ -137,7 +137,9 @@ def _replayed(store, cases, spec, source):
 
 # --- SkeMex ----------------------------------------------------------------------------------
 
-SKEMEX = SkeMexPolicy(window=1, governance_every=1, buffer_gating=False)
+# memory_min_subjects=1: these check that the model's drafts become memory verbatim; the k-subjects gate, which
+# withholds words too few patients' cases hold, has its own tests (tests/test_privacy_freetext.py)
+SKEMEX = SkeMexPolicy(window=1, governance_every=1, buffer_gating=False, memory_min_subjects=1)
 """Every trajectory is distilled as its case closes, governance after every window."""
 
 
@@ -240,7 +242,7 @@ def test_skemex_a_repaired_draft_is_written_from_the_repair(cases):
 
 # --- SELSM -----------------------------------------------------------------------------------
 
-SELSM = SelsmPolicy(train_samples=2, state_threshold=0.1)
+SELSM = SelsmPolicy(train_samples=2, state_threshold=0.1, memory_min_subjects=1)  # (gate off: see SKEMEX)
 """One sampled re-run per case (K = 2, recorded under reflect); θ low enough for the hashing embedder."""
 
 

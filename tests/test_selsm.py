@@ -329,10 +329,11 @@ def test_the_example_stream_learns_above_the_memory_free_baseline(learned):
     assert none == 9  # 0.115
     # The paper's θ = 0.9 filters strictly (the sim's state is the question itself): 15/78 = 0.192.
     assert _correct(learned, "paper") == 15
-    # θ = 0.7 lets paraphrased recurrences through: 47/78 = 0.603.
-    assert _correct(learned, "theta07") == 47
+    # θ = 0.7 lets paraphrased recurrences through: 43/78 = 0.551 (47 before the k-subjects gate withheld the
+    # words of the first cases' states, tests/test_privacy_freetext.py).
+    assert _correct(learned, "theta07") == 43
     followed = [p for _, p in _payloads(learned, "theta07", "answer.given") if p["source"].startswith("logical-skill:")]
-    assert len(followed) >= 40
+    assert len(followed) >= 36  # 39 measured
 
 
 def test_verify_re_executes_a_selsm_run_to_identical_bytes(cases, tmp_path, monkeypatch):

@@ -125,7 +125,7 @@ def _run_memory(store, run_id):
 
 def test_a_skill_whose_adoption_precedes_failures_is_deprecated_at_the_next_governance_pass():
     store = EventStore(":memory:")
-    cfg = SkeMexPolicy(window=4, governance_every=1, merging=False)
+    cfg = SkeMexPolicy(window=4, governance_every=1, merging=False, memory_min_subjects=1)  # (the k-subjects gate: own tests)
     _hash_run(store, _harmful_stream(8), cfg, "harm")
     skill_id = next(d.skill_id for d in _events(store, "harm", "skill.drafted") if d.source_case_id == "q-0")
     ups = [u for u in _events(store, "harm", "skill.utility_updated") if u.skill_id == skill_id]

@@ -48,7 +48,9 @@ def ui_db(tmp_path_factory) -> Path:
     with EventStore(path) as store:
         cache = EmbeddingCache(shared_minilm(), store.conn)
         teach = teaching_cases()
-        run_cases(store, teach, RunSpec(policy=EvoMedAgentPolicy(), source="teaching"), run_id="teach", cache=cache)
+        # without the k-subjects gate (tests/test_privacy_freetext.py): the teaching stream's few patients
+        run_cases(store, teach, RunSpec(policy=EvoMedAgentPolicy(memory_min_subjects=1), source="teaching"),
+                  run_id="teach", cache=cache)
         run_cases(store, load_cases(EXAMPLES)[0][:12],
                   RunSpec(policy=EvoMedAgentPolicy(), source="ex-12", tools={"ddx-lookup": 0.95, "triage-score": 0.1}),
                   run_id="tools", cache=cache)

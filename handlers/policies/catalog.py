@@ -9,6 +9,7 @@ backbone code stay lazily loaded (registry.py).
 
 from grandrounds.handlers.policies.evo_medagent import events as _evo_events  # noqa: F401
 from grandrounds.handlers.policies.evo_medagent import memory as _evo_memory  # noqa: F401  (also precedent, none)
+from grandrounds.handlers.policies.long_context import memory as _long_context_memory  # noqa: F401
 from grandrounds.handlers.policies.retrosum import events as _retrosum_events  # noqa: F401
 from grandrounds.handlers.policies.retrosum import memory as _retrosum_memory  # noqa: F401
 from grandrounds.handlers.policies.selsm import events as _selsm_events  # noqa: F401

@@ -174,7 +174,7 @@ PolicyConfig = Annotated[
     WithJsonSchema({"type": "object", "required": ["name"], "additionalProperties": True,
                     "properties": {"name": {"type": "string",
                                             "enum": ["evo-medagent", "none", "skemex", "selsm", "retrosum",
-                                                     "precedent"]}},
+                                                     "precedent", "long-context"]}},
                     "description": "A memory policy's parameters; `name` picks the policy and its model "
                                    "(`grandrounds policies` lists every parameter)."})]
 """Any registered policy's config; validated by the class its `name` picks."""

@@ -20,6 +20,8 @@ _POLICIES: dict[str, tuple[str, str]] = {
                   "grandrounds.handlers.policies.precedent:PrecedentMemory"),
     "retrosum": ("grandrounds.handlers.policies.retrosum.config:RetroSumPolicy",
                  "grandrounds.handlers.policies.retrosum.policy:RetroSumMemory"),
+    "long-context": ("grandrounds.handlers.policies.long_context.config:LongContextPolicy",
+                     "grandrounds.handlers.policies.long_context.policy:LongContextMemory"),
 }
 
 
