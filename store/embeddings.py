@@ -184,8 +184,9 @@ class EmbeddingCache:
         self.misses = 0
         self.recorded = RecordedVectors(embedder.dim)
         """Vectors some record holds (a run's log, a replay's source): they win over anything computed."""
-        self._exact: OrderedDict[str, np.ndarray] = OrderedDict()
-        """The exact (quantized) vectors of recent computed keys, at most `memory_limit`."""
+        self._exact: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        """(int8, exact float32) of the keys used last, at most `memory_limit`: a retrieval asks for the same
+        texts again and again, and neither form is rebuilt per call. `adopt` drops the keys it overrides."""
         self.recorded_hits = 0
         if conn is not None:
             try:
@@ -280,29 +281,30 @@ class EmbeddingCache:
         else the model's vector (through the caches above) quantized. Inside a stage
         (`recorded_vectors.noting_vectors`) the use is noted, so the stage records what it used."""
         k = self.key(text)
-        q = self.recorded.get(k)
-        if q is not None:
-            self.recorded_hits += 1
-            vec = exact_vector(q)
+        found = self._exact.get(k)
+        if found is not None:
+            self._exact.move_to_end(k)
+            q, vec = found
         else:
-            vec = self._exact.get(k)
-            if vec is None:
-                vec = exact_vector(quantize(self.get(text)))
-                vec.setflags(write=False)
-                self._exact[k] = vec
-                if len(self._exact) > self.memory_limit:
-                    self._exact.popitem(last=False)
+            q = self.recorded.get(k)
+            if q is not None:
+                self.recorded_hits += 1
             else:
-                self._exact.move_to_end(k)
-            q = vec.astype(np.int8)
+                q = quantize(self.get(text))
+            vec = exact_vector(q)
+            vec.setflags(write=False)
+            self._exact[k] = (q, vec)
+            if len(self._exact) > self.memory_limit:
+                self._exact.popitem(last=False)
         note_vector(k, q)
         return vec
 
     def adopt(self, recorded: EmbeddingsRecorded) -> None:
         """Take a record's vectors: from now on they are this cache's answer for their texts."""
-        self.recorded.adopt(recorded, self.model)
-        for v in recorded.vectors:
-            self._exact.pop(v.key, None)
+        for k in self.recorded.adopt(recorded, self.model):
+            found = self._exact.get(k)
+            if found is not None and not np.array_equal(found[0], self.recorded.get(k)):
+                del self._exact[k]  # computed here, recorded otherwise (another machine's run): the record wins
 
     def adopt_run(self, store, run_id: str) -> int:
         """Adopt every vector a run's log records (before folding or re-executing it: a stage's vectors

@@ -60,9 +60,6 @@ class RecordedVectors:
         raw = self._q.get(key)
         return None if raw is None else np.frombuffer(raw, dtype=np.int8)
 
-    def add(self, key: str, q: np.ndarray) -> None:
-        self._q[key] = np.asarray(q, dtype=np.int8).tobytes()
-
     def save_table(self, conn, table: str) -> None:
         """Write every vector into `table` (a replay's seed file for its worker processes)."""
         conn.execute(f"CREATE TABLE {table} (key VARCHAR PRIMARY KEY, q BLOB NOT NULL)")
@@ -77,12 +74,19 @@ class RecordedVectors:
                 raise RecordedVectorError(f"{table}: a vector of {len(raw)} components, the embedder {self.dim}")
             self._q[key] = bytes(raw)
 
-    def adopt(self, recorded: EmbeddingsRecorded, model: str) -> None:
-        """Take a recorded event's vectors (those of another embedder are not this cache's)."""
+    def adopt(self, recorded: EmbeddingsRecorded, model: str) -> list[str]:
+        """Take a recorded event's vectors (those of another embedder are not this cache's); returns the
+        keys it did not hold before."""
         if recorded.model != model:
-            return
+            return []
+        new = []
         for v in recorded.vectors:
-            self._q[v.key] = decode_q(v.q, self.dim).tobytes()
+            # A key names its text, so a vector held already is this one: a rebuild adopts the whole log
+            # first, then folds the same events again; decode each once.
+            if v.key not in self._q:
+                self._q[v.key] = decode_q(v.q, self.dim).tobytes()
+                new.append(v.key)
+        return new
 
 
 def recorded_event(model: str, vectors: Iterable[tuple[str, np.ndarray]]) -> EmbeddingsRecorded:

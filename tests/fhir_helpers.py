@@ -80,3 +80,12 @@ def grade_now(case, trajectory, base, full_server=False, public_base=None):
 
     data = asyncio.run(reference(case, base, FhirClient())) if full_server or not needs_full_server(case) else None
     return grade(case, trajectory, public_base or base, data, full_server=full_server)
+
+
+def ungated_policy(tmp_path, name: str = "evo-medagent") -> str:
+    """A policy file: the preset without the k-subjects gate (memory_min_subjects = 1; the gate has its own
+    tests in tests/test_privacy_freetext.py). Two tasks of one template are too few subjects for its words
+    to pass, and the tests using this read what those tasks' memory holds."""
+    path = tmp_path / f"{name}-ungated.toml"
+    path.write_text(f'name = "{name}"\nmemory_min_subjects = 1\n')
+    return str(path)

@@ -8,7 +8,7 @@ import json
 import re
 
 from conftest import MAB_TASKS as TASKS, needs_medagentbench
-from fhir_helpers import FhirFake, run_fhir
+from fhir_helpers import FhirFake, run_fhir, ungated_policy
 from grandrounds.store.eventstore import EventStore
 from llm_helpers import SECRET
 
@@ -40,7 +40,7 @@ def test_official_protocol_with_memory_records_and_replays(tmp_path):
     db = tmp_path / "official.duckdb"
     with OfficialFake() as server:
         code, out = run_fhir(TASKS, db, "--backbone", "openai", "--model", "fake", "--base-url", server.base_url,
-                             "--task-type", "1", "--limit", "2", "--run-id", "o1", "--policy", _ungated_policy(tmp_path),
+                             "--task-type", "1", "--limit", "2", "--run-id", "o1", "--policy", ungated_policy(tmp_path),
                              env=ENV)
     assert code == 0, out
     assert out["correct"] == 2 and out["memory"]["rules"] == 1 and out["llm"]["calls"] == 6
@@ -60,7 +60,7 @@ def test_official_protocol_with_memory_records_and_replays(tmp_path):
     assert out["metrics"]["osr"] == 100.0  # both solved in refsol's two rounds
 
     code, rec = run_fhir(TASKS, db, "--backbone", "record", "--record-from", "o1", "--task-type", "1", "--limit", "2",
-                         "--policy", _ungated_policy(tmp_path), env=ENV)
+                         "--policy", ungated_policy(tmp_path), env=ENV)
     assert code == 0, rec
     assert rec["fingerprint"] == out["fingerprint"] and rec["correct"] == 2
 
@@ -84,11 +84,3 @@ def test_protocol_options_are_checked(tmp_path):
 
     code, out = invoke_json(["run", "examples/cases.jsonl", "--protocol", "official", "--db", str(tmp_path / "y.duckdb")])
     assert code == 2 and "only with --env medagentbench" in out["error"]
-
-def _ungated_policy(tmp_path, name: str = "evo-medagent"):
-    """The preset without the k-subjects gate (memory_min_subjects = 1; the gate has its own tests in
-    tests/test_privacy_freetext.py): two tasks of one template are too few subjects for its words to pass,
-    and this test is about what the two tasks' memory holds."""
-    path = tmp_path / f"{name}-ungated.toml"
-    path.write_text(f'name = "{name}"\nmemory_min_subjects = 1\n')
-    return str(path)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MAB_FUNCS as FUNCS, MAB_PATIENTS as PATIENTS, MAB_TASKS as TASKS, needs_medagentbench, copy_db
-from fhir_helpers import FhirFake, TYPES, invoke_json, offline_tasks_file, run_fhir
+from fhir_helpers import FhirFake, TYPES, invoke_json, offline_tasks_file, run_fhir, ungated_policy
 from llm_helpers import SECRET
 from grandrounds.store.eventstore import EventStore
 
@@ -28,7 +28,7 @@ def sim_run(tasks, tmp_path_factory):
     db = tmp_path_factory.mktemp("run") / "fhir.duckdb"
     # Without the k-subjects gate (tests/test_privacy_freetext.py): two tasks per template are too few patients
     # for a template's words to pass it, and these tests read what the rules and feedback say.
-    code, out = run_fhir(tasks, db, "--policy", _ungated_policy(db.parent))
+    code, out = run_fhir(tasks, db, "--policy", ungated_policy(db.parent))
     assert code == 0, out
     return db, out
 
@@ -84,7 +84,7 @@ def test_accuracy_matches_the_medagentbench_command(sim_run, tasks):
 
 def test_two_runs_give_the_same_fingerprint_and_verify_is_identical(sim_run, tasks, tmp_path):
     db, out = sim_run
-    code, again = run_fhir(tasks, tmp_path / "again.duckdb", "--policy", _ungated_policy(tmp_path))  # another sandbox, port
+    code, again = run_fhir(tasks, tmp_path / "again.duckdb", "--policy", ungated_policy(tmp_path))  # another sandbox, port
     assert code == 0 and again["fingerprint"] == out["fingerprint"] and again["run_id"] == out["run_id"]
     code, ver = invoke_json(["verify", "--db", str(db), out["run_id"]])
     assert code == 0, ver
@@ -150,7 +150,7 @@ def test_openai_backbone_acts_and_reflects_and_the_record_backend_reserves_it(tm
     env = {"OPENAI_API_KEY": SECRET, "OPENAI_BASE_URL": ""}
     with FhirFake() as server:
         code, out = run_fhir(TASKS, db, "--protocol", "react", "--backbone", "openai", "--model", "fake-fhir", "--base-url", server.base_url,
-                         "--task-type", "1", "--limit", "2", "--run-id", "m1", "--policy", _ungated_policy(tmp_path), env=env)
+                         "--task-type", "1", "--limit", "2", "--run-id", "m1", "--policy", ungated_policy(tmp_path), env=env)
     assert code == 0, out
     assert out["backbone"] == "openai" and out["correct"] == 2 and out["memory"]["rules"] == 1
     assert out["llm"]["calls"] == 6  # per task: the lookup, FINISH, the reflection
@@ -171,14 +171,6 @@ def test_openai_backbone_acts_and_reflects_and_the_record_backend_reserves_it(tm
     assert {e.payload["source"] for e in events if e.type == "answer.given"} == {"llm:schema"}
 
     code, rec = run_fhir(TASKS, db, "--protocol", "react", "--backbone", "record", "--record-from", "m1", "--task-type", "1", "--limit", "2",
-                     "--policy", _ungated_policy(tmp_path), env=env)
+                     "--policy", ungated_policy(tmp_path), env=env)
     assert code == 0, rec
     assert rec["run_id"] == "m1-record" and rec["fingerprint"] == out["fingerprint"] and rec["correct"] == 2
-
-def _ungated_policy(tmp_path, name: str = "evo-medagent"):
-    """The preset without the k-subjects gate (memory_min_subjects = 1; the gate has its own tests in
-    tests/test_privacy_freetext.py): two tasks of one template are too few subjects for its words to pass,
-    and this test is about what the two tasks' memory holds."""
-    path = tmp_path / f"{name}-ungated.toml"
-    path.write_text(f'name = "{name}"\nmemory_min_subjects = 1\n')
-    return str(path)
