@@ -16,6 +16,8 @@ import shutil
 import tomllib
 from pathlib import Path
 
+from mkdocs.plugins import event_priority
+
 ROOT = Path(__file__).resolve().parents[1]
 TREE = ROOT / "build" / "docs-api-src"
 
@@ -40,6 +42,9 @@ def _mirror(src: Path, dst: Path) -> None:
                 os.symlink(Path(here) / f, out / f)
 
 
+# First among on_config handlers: mkdocstrings sets up its python handler in its own on_config and drops a
+# `paths` folder that does not exist yet, so on a clean clone the tree must be there before it runs.
+@event_priority(100)
 def on_config(config):
     build_tree()
     return config

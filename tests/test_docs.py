@@ -22,6 +22,7 @@ import importlib.util
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -55,6 +56,9 @@ def site(tmp_path_factory) -> Path:
     if _no_mkdocs:
         pytest.skip('mkdocs is not installed (pip install -e ".[docs]")')
     out = tmp_path_factory.mktemp("site")
+    # As on a clean clone: the API source tree (scripts/api_source_tree.py) made by this build, not left
+    # over from an earlier one (mkdocstrings drops a `paths` folder missing when it is configured).
+    shutil.rmtree(ROOT / "build" / "docs-api-src", ignore_errors=True)
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
