@@ -185,9 +185,9 @@ def main() -> None:
     a = ap.parse_args()
     at = [int(x) for x in a.at.split(",")] if a.at else list(range(a.every, a.cases + 1, a.every))
     if a.no_events_pk:
-        import grandrounds.store.eventstore as eventstore
-        eventstore.SCHEMA = eventstore.SCHEMA.replace(",\n    PRIMARY KEY (run_id, seq)\n", "\n", 1)
-        assert "PRIMARY KEY (run_id, seq)" not in eventstore.SCHEMA
+        import grandrounds.store.recorder as recorder  # where the schema is read
+        recorder.SCHEMA = recorder.SCHEMA.replace(",\n    PRIMARY KEY (run_id, seq)\n", "\n", 1)
+        assert "PRIMARY KEY (run_id, seq)" not in recorder.SCHEMA
     work = bench_dir("gr-bench-memory-breakdown-")
     path = case_file(work, a.cases)
     gc.collect()

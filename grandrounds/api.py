@@ -352,13 +352,15 @@ class AsyncMemory:
             return items(self.store, self.namespace, as_of_case=case, as_of_seq=seq)
 
     async def verify(self) -> dict[str, Any]:
-        """`grandrounds verify` of this namespace: chain, completeness, re-execution from the recorded replies."""
+        """`grandrounds verify` of this namespace: chain, completeness, re-execution from the recorded replies.
+        The `verify --json` object (`VerifyResult.to_dict()`), which is what HTTP and MCP send."""
         from grandrounds.replay.verify import verify_run
 
         # verify_run drives a re-execution in an event loop of its own: in a thread, holding the case lock
         # (nothing else touches the store's connection meanwhile).
         async with self._turn:
-            return await asyncio.to_thread(verify_run, self.store, self.namespace, self._session.cache)
+            result = await asyncio.to_thread(verify_run, self.store, self.namespace, self._session.cache)
+        return result.to_dict()
 
     async def replay(self, orders: int = 5, seed: int = 0, agent: AgentCallable | None = None) -> dict[str, Any]:
         """`grandrounds replay`: the namespace's cases in `orders` seeded permutations, each a run of its own.

@@ -40,7 +40,15 @@ def choose_backbone(backbone: str | None, model: str | None, base_url: str | Non
     if backbone == "sim":
         return BackboneChoice("sim", model, note)
     if backbone not in ("openai", "record"):
-        raise BackboneUnavailable(f"unknown backbone {backbone!r} (available: sim, openai, record)")
+        from grandrounds.handlers.backbones.registry import BACKBONE_REGISTRY
+
+        # A backbone registered by an entry point (handlers/backbones/registry.py) is built by its own
+        # factory from the model name alone; `agent` is chosen by --agent (grandrounds/agent_ref.py).
+        if backbone in BACKBONE_REGISTRY and backbone not in BACKBONE_REGISTRY.builtin_names():
+            return BackboneChoice(backbone, model, note)
+        extra = [n for n in BACKBONE_REGISTRY.names() if n not in BACKBONE_REGISTRY.builtin_names()]
+        available = ", ".join(["sim", "openai", "record", *extra])
+        raise BackboneUnavailable(f"unknown backbone {backbone!r} (available: {available})")
     opts = {"base_url": base_url}
     agent = {k: v for k, v, default in (("max_steps", max_steps, 7), ("summary_every", summary_every, 10))
              if v != default}

@@ -11,6 +11,7 @@ from functools import partial
 import click
 
 from grandrounds.cli_group import main, progress as _progress
+from grandrounds.cli_medagentbench import model_call_options
 from grandrounds.errors import BAD_INPUT, discard_on_bad_input, fail, fail_for, keep_written
 from grandrounds.output import render_run
 
@@ -40,10 +41,7 @@ def schema_actions_apply(env: str, fhir_protocol: str | None, actions: str) -> b
                    "letter or an AgentReply. Its replies are recorded: verify and replay need neither the module nor "
                    "the callable (a replay showing it other memory does: replay --agent).")
 @click.option("--base-url", default=None, help="OpenAI-compatible endpoint (else OPENAI_BASE_URL; key: OPENAI_API_KEY).")
-@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
-              help="Seconds per model request attempt (openai); generous for slow local servers.")
-@click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(min=1),
-              help="Attempts per model call on transport failures (backoff with jitter) before the run stops as an outage.")
+@model_call_options
 @click.option("--record-from", default=None, metavar="RUN", help="record backend: the run whose exchanges are served.")
 @click.option("--record-db", default=None, help="record backend: DuckDB file holding --record-from (default: --db).")
 @click.option("--live-fallthrough", is_flag=True, help="record backend: call the model on a miss instead of failing.")

@@ -14,6 +14,7 @@ import sys
 
 import click
 
+from grandrounds.cli_medagentbench import graded_run_exits, model_call_options
 from grandrounds.errors import BAD_INPUT, fail
 
 SIM_NOTE = ("sim backbone: scripted doctor (asks fixed questions, requests each recorded test group, picks the "
@@ -31,10 +32,7 @@ SIM_NOTE = ("sim backbone: scripted doctor (asks fixed questions, requests each 
               help="A separate moderator model (AgentClinic's moderator_llm) asked the official Yes/No question; "
                    "default: the run's --model.")
 @click.option("--judge-base-url", default=None, help="The judge model's endpoint (default: --base-url).")
-@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
-              help="Seconds per model request attempt (openai); generous for slow local servers.")
-@click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(min=1),
-              help="Attempts per model call on transport failures (backoff with jitter) before the run stops as an outage.")
+@model_call_options
 @click.option("--max-turns", default=20, show_default=True, type=click.IntRange(min=1),
               help="Doctor turns per case (AgentClinic's default is 20).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N cases.")
@@ -55,9 +53,7 @@ def agentclinic(cases_file, backbone, model, base_url, judge_model, judge_base_u
     from grandrounds.handlers.llm.gateway import RetryPolicy
     from grandrounds.replay.task_metrics import osce_metrics
     from grandrounds.handlers.environments.agentclinic_osce import diagnosis_vocabulary, load_osce_cases
-    from grandrounds.handlers.llm.errors import ModelOutage, ReplayDivergence
     from grandrounds.store.canonical import content_hash
-    from grandrounds.store.eventstore import StoreError
 
     try:
         check_options(backbone, model, record_from)
@@ -72,8 +68,8 @@ def agentclinic(cases_file, backbone, model, base_url, judge_model, judge_base_u
     differential = diagnosis_vocabulary(load_osce_cases(cases_file)) if backbone == "sim" else None
     bar = None
     try:
-        with bench_model(backbone, model, base_url, db, run_id, default_id, record_from, timeout=timeout,
-                         retry=RetryPolicy(max_attempts=max_attempts)) as bm:
+        with graded_run_exits(as_json), bench_model(backbone, model, base_url, db, run_id, default_id, record_from,
+                                                     timeout=timeout, retry=RetryPolicy(max_attempts=max_attempts)) as bm:
             from tqdm import tqdm
 
             bar = tqdm(total=len(cases), unit="case", desc="cases", file=sys.stderr, disable=as_json or None,
@@ -94,12 +90,6 @@ def agentclinic(cases_file, backbone, model, base_url, judge_model, judge_base_u
             results = asyncio.run(go())
             llm = bm.log.summary() if bm.log else None
             note = bm.note or SIM_NOTE
-    except BAD_INPUT as exc:
-        fail(str(exc), 2, as_json)
-    except (ReplayDivergence, StoreError) as exc:
-        fail(str(exc), 1, as_json)
-    except ModelOutage as exc:  # transport failures are not results: nothing to grade, exit 1
-        fail(f"{exc} (connection or server errors, not model answers; the tasks were not graded)", 1, as_json)
     finally:
         if bar is not None:
             bar.close()

@@ -18,6 +18,8 @@ from grandrounds.errors import BAD_INPUT, fail, fail_for
 from grandrounds.output import render_run
 
 _BROKER_HELP = "Kafka bootstrap servers as kafka://HOST:PORT[,HOST:PORT…]."
+# The stage names as handlers/stages.py STAGE_TABLE has them (spelled out: the help is built before any
+# handler is imported; tests/test_stage_table.py checks that it names exactly the table's stages).
 _PREFIX_HELP = "Topic name prefix (stage topics are PREFIX + retrieve|act|feedback|reflect|govern)."
 
 
@@ -136,13 +138,19 @@ def run_on_kafka(cases, spec, *, broker: str, db: str, run_id: str | None, note:
 @click.option("--session-timeout-ms", default=10_000, show_default=True, type=click.IntRange(min=1000))
 @click.option("--base-url", default=None, help="openai backbone: endpoint (else OPENAI_BASE_URL).")
 @click.option("--max-steps", default=None, type=click.IntRange(min=1), help="openai backbone: agent steps per case.")
+@click.option("--agent", "agent_ref", default=None, metavar="MODULE:CALLABLE",
+              help="Your own agent answers the runs submitted with --backbone agent (as `run --agent`): called as "
+                   "agent(case, memory), its replies recorded, so `verify` of such a run needs no agent.")
+@click.option("--model", default=None,
+              help="With --agent: the name its replies are recorded under (default MODULE:CALLABLE); the worker "
+                   "takes the agent runs of that model only.")
 @click.option("--key-file", default=None, metavar="PATH",
               help="Sign the head of every run this worker completes with this key (else $GRANDROUNDS_SIGNING_KEY, "
                    "if set), as `grandrounds run` does; `verify --key-file` checks it.")
 @click.option("--quiet", is_flag=True, help="Log warnings only.")
 @click.option("--json", "as_json", is_flag=True, help="On exit, print the worker's counters as one JSON object.")
 def worker(broker, db, group, name, topic_prefix, partitions, replication_factor, max_poll_interval_ms,
-           session_timeout_ms, base_url, max_steps, key_file, quiet, as_json):
+           session_timeout_ms, base_url, max_steps, agent_ref, model, key_file, quiet, as_json):
     """Join the consumer group and process every run whose cases arrive (until SIGINT/SIGTERM)."""
     from grandrounds.store.eventstore import StoreError
     from grandrounds.streams.kafka_app import KafkaWorkerApp, WorkerSettings
@@ -152,17 +160,29 @@ def worker(broker, db, group, name, topic_prefix, partitions, replication_factor
     from grandrounds.store.signing import load_key
 
     bootstrap = _bootstrap(broker, as_json)
+    opts = {k: v for k, v in (("base_url", base_url), ("max_steps", max_steps)) if v is not None}
+    agent_name = None
     try:
         db = db_file(db)
         signing_key = load_key(key_file)
+        if model and not agent_ref:
+            raise ValueError("--model names the agent of --agent (a run's model comes with the run: submit --model)")
+        if agent_ref:  # grandrounds/agent_ref.py: imported by name, from the working directory, as `run --agent`
+            from grandrounds.agent_ref import agent_choice
+
+            choice = agent_choice(agent_ref, None, model)
+            opts.update(choice.options)
+            agent_name = choice.model
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
+    except ValueError as exc:
+        fail(str(exc), 2, as_json)
     _logging(not quiet)
-    opts = {k: v for k, v in (("base_url", base_url), ("max_steps", max_steps)) if v is not None}
     settings = WorkerSettings(bootstrap, db=db, group_id=group, name=name, prefix=topic_prefix,
                               partitions=partitions, replication_factor=replication_factor,
                               max_poll_interval_ms=max_poll_interval_ms, session_timeout_ms=session_timeout_ms,
-                              backbone_opts=opts, tune_gc=True, preload_embedder=True, signing_key=signing_key)
+                              backbone_opts=opts, agent_name=agent_name, tune_gc=True, preload_embedder=True,
+                              signing_key=signing_key)
     app = KafkaWorkerApp(settings)
     # The worker's DuckDB commits run on a thread of their own; with the default 5 ms switch interval
     # the event loop (polling, acks, the stages) waits up to that long for the GIL each time it
@@ -193,9 +213,11 @@ def worker(broker, db, group, name, topic_prefix, partitions, replication_factor
 @click.option("--broker", required=True, help=_BROKER_HELP)
 @click.option("--run-id", default=None, help="Run id (default: derived from policy, backbone, seed and cases).")
 @click.option("--policy", default="evo-medagent", show_default=True, help="Preset name or TOML policy file.")
-@click.option("--backbone", type=click.Choice(["sim", "openai"]), default="sim", show_default=True,
-              help="Backbone the worker uses (openai: configure the endpoint on the worker).")
-@click.option("--model", default=None, help="Model name for the openai backbone.")
+@click.option("--backbone", type=click.Choice(["sim", "openai", "agent"]), default="sim", show_default=True,
+              help="Backbone the worker uses (openai: configure the endpoint on the worker; agent: the workers' "
+                   "own agent, `worker --agent`).")
+@click.option("--model", default=None, help="Model name for the openai backbone; the agent's name for the agent "
+                                             "backbone (as the workers' `--agent`, or their `--model`, names it).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
               help="Case i acts on the memory as of case i-1-K (the worker pins it; same events as `run --lag K`).")
@@ -217,8 +239,8 @@ def submit(cases_file, broker, run_id, policy, backbone, model, seed, lag, sim_t
         cases, source = open_cases(cases_file)
         pol = load_policy(policy)
         tools = dict(parse_tool_spec(s) for s in sim_tools)
-        if backbone == "openai" and not model:
-            raise ValueError("the openai backbone needs --model")
+        if backbone in ("openai", "agent") and not model:
+            raise ValueError(f"the {backbone} backbone needs --model")
         spec = RunSpec(policy=pol, backbone=backbone, model=model, seed=seed, lag=lag, tools=tools, source=source)
     except BAD_INPUT as exc:
         fail(str(exc), 2, as_json)
@@ -230,7 +252,7 @@ def submit(cases_file, broker, run_id, policy, backbone, model, seed, lag, sim_t
         submitted = asyncio.run(submit_run(bootstrap, rid, spec, cases, topics=topics))
     except Exception as exc:  # noqa: BLE001 - e.g. the broker is unreachable
         fail(f"Kafka at {bootstrap}: {exc!r}", 1, as_json)
-    out = {"run_id": rid, "cases": len(cases), "topic": topics.stage("retrieve"),
+    out = {"run_id": rid, "cases": len(cases), "topic": topics.intake,
            "partition": submitted.partition, "broker": broker}
     if as_json:
         click.echo(json.dumps(out))
@@ -259,7 +281,7 @@ def collect(broker, db, run_ids, topic_prefix, as_json):
     bootstrap = _bootstrap(broker, as_json)
     try:
         db = db_file(db)
-    except NotADuckDBFile as exc:
+    except BAD_INPUT as exc:  # NotADuckDBFile (was named here without being imported: a NameError)
         fail(str(exc), 2, as_json)
     try:
         with EventStore(db) as store:

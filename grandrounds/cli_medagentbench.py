@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
+from contextlib import contextmanager
 
 import click
 
@@ -22,6 +23,34 @@ from grandrounds.errors import BAD_INPUT, fail
 OFFICIAL_BASE = "http://localhost:8080/fhir/"
 """The official harness's default api_base: what a model is shown when the sandbox serves (see FhirTools)."""
 SIM_NOTE = "sim agent: scripted for the official task templates, not a model; its accuracy is not a clinical measure"
+
+
+def model_call_options(f):
+    """`--timeout` and `--max-attempts`: how long one model request may take and how often it is tried,
+    said the same way by every command that calls a model (`run`, `medagentbench`, `agentclinic`)."""
+    f = click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(min=1),
+                     help="Attempts per model call on transport failures (backoff with jitter) before the run stops "
+                          "as an outage.")(f)
+    return click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+                        help="Seconds per model request attempt (openai); generous for slow local servers.")(f)
+
+
+@contextmanager
+def graded_run_exits(as_json: bool):
+    """The exits of a benchmark run through `bench_model` (medagentbench, agentclinic): bad input 2; a
+    record that cannot serve a request, or the store failing, 1; a model outage 1, named as what it is:
+    transport failures are not results, so nothing was graded."""
+    from grandrounds.handlers.llm.errors import ModelOutage, ReplayDivergence
+    from grandrounds.store.eventstore import StoreError
+
+    try:
+        yield
+    except BAD_INPUT as exc:
+        fail(str(exc), 2, as_json)
+    except (ReplayDivergence, StoreError) as exc:
+        fail(str(exc), 1, as_json)
+    except ModelOutage as exc:
+        fail(f"{exc} (connection or server errors, not model answers; the tasks were not graded)", 1, as_json)
 
 
 @click.command("medagentbench")
@@ -36,10 +65,7 @@ SIM_NOTE = "sim agent: scripted for the official task templates, not a model; it
 @click.option("--backbone", type=click.Choice(["sim", "openai", "record"]), default="sim", show_default=True)
 @click.option("--model", default=None, help="Model name (openai).")
 @click.option("--base-url", default=None, help="OpenAI-compatible endpoint (else OPENAI_BASE_URL; key: OPENAI_API_KEY).")
-@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
-              help="Seconds per model request attempt (openai); generous for slow local servers.")
-@click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(min=1),
-              help="Attempts per model call on transport failures (backoff with jitter) before the run stops as an outage.")
+@model_call_options
 @click.option("--max-rounds", default=8, show_default=True, type=click.IntRange(min=1),
               help="Model replies per task (openai/record).")
 @click.option("--db", default=None, help="DuckDB file recording the exchanges (openai/record; default medagentbench.duckdb).")
@@ -53,9 +79,7 @@ def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone
     from grandrounds.handlers.llm.gateway import RetryPolicy
     from grandrounds.sandbox.fhir_server import FhirSandbox
     from grandrounds.handlers.environments.medagentbench import load_functions, load_tasks
-    from grandrounds.handlers.llm.errors import ModelOutage, ReplayDivergence
     from grandrounds.store.canonical import content_hash
-    from grandrounds.store.eventstore import StoreError
 
     if fhir_base is None and patients is None:
         fail("give --patients (local sandbox) or --fhir-base URL", 2, as_json)
@@ -77,17 +101,11 @@ def medagentbench(tasks, funcs, patients, fhir_base, task_types, limit, backbone
     default_id = "mab-" + content_hash({"tasks": [c.case_id for c in cases], "model": model,
                                        "rounds": max_rounds})[:12]
     try:
-        with bench_model(backbone, model, base_url, db, run_id, default_id, record_from, timeout=timeout,
-                         retry=RetryPolicy(max_attempts=max_attempts)) as bm:
+        with graded_run_exits(as_json), bench_model(backbone, model, base_url, db, run_id, default_id, record_from,
+                                                     timeout=timeout, retry=RetryPolicy(max_attempts=max_attempts)) as bm:
             rows = asyncio.run(_run_all(cases, functions, functions_json, base, fhir_base, bm, max_rounds))
             llm = bm.log.summary() if bm.log else None
             note = bm.note or SIM_NOTE
-    except BAD_INPUT as exc:
-        fail(str(exc), 2, as_json)
-    except (ReplayDivergence, StoreError) as exc:
-        fail(str(exc), 1, as_json)
-    except ModelOutage as exc:  # transport failures are not results: nothing to grade, exit 1
-        fail(f"{exc} (connection or server errors, not model answers; the tasks were not graded)", 1, as_json)
     finally:
         if sandbox is not None:
             sandbox.stop()

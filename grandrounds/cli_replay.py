@@ -56,6 +56,15 @@ def _emit(obj: dict, as_json: bool, human: str | None = None) -> None:
         click.echo(human if human is not None else json.dumps(obj, indent=2))
 
 
+def _read_and_emit(db: str, as_json: bool, compute, render) -> None:
+    """What the audit and export commands do: open the file read-only, compute from it (bad input exits 2),
+    then print the result as --json or as `render` writes it, the file closed."""
+    store = _open(db, as_json, read_only=True)
+    with store:
+        result = _guarded(as_json, lambda: compute(store))
+    _emit(result, as_json, None if as_json else render(result))
+
+
 def _db_option(f):
     return click.option("--db", default=DEFAULT_DB, show_default=True, help="DuckDB file holding the event log.")(f)
 
@@ -367,8 +376,9 @@ def verify(db, run_id, key_file, expect, expect_head, as_json):
                 _key_file_error(exc, store, as_json)
 
         result = _guarded(as_json, go)
-    _emit(dict(result, db=db), as_json, None if as_json else render_verify(result))
-    if not result["ok"]:
+    out = result.to_dict()  # the --json object; the text rendering reads the same (divergence values clipped)
+    _emit(dict(out, db=db), as_json, None if as_json else render_verify(out))
+    if not result.ok:
         sys.exit(1)
 
 
@@ -468,11 +478,8 @@ def audit_items(db, run_id, as_of_case, as_of_seq, kinds, status, sort, limit, a
 
     if limit is None:
         limit = 0 if as_json else 40
-    store = _open(db, as_json, read_only=True)
-    with store:
-        result = _guarded(as_json, lambda: items(store, run_id, as_of_case, as_of_seq, list(kinds) or None,
-                                                 status, sort, limit or None))
-    _emit(result, as_json, None if as_json else render_items(result))
+    _read_and_emit(db, as_json, lambda store: items(store, run_id, as_of_case, as_of_seq, list(kinds) or None,
+                                                    status, sort, limit or None), render_items)
 
 
 @audit.command("history")
@@ -485,10 +492,7 @@ def audit_history(db, run_id, item, as_json):
     from grandrounds.replay_output import render_history
     from grandrounds.replay.audit_history import history
 
-    store = _open(db, as_json, read_only=True)
-    with store:
-        result = _guarded(as_json, lambda: history(store, run_id, item))
-    _emit(result, as_json, None if as_json else render_history(result))
+    _read_and_emit(db, as_json, lambda store: history(store, run_id, item), render_history)
 
 
 @audit.command("explain")
@@ -501,10 +505,7 @@ def audit_explain(db, run_id, case, as_json):
     from grandrounds.replay_output import render_explain
     from grandrounds.replay.audit_explain import explain
 
-    store = _open(db, as_json, read_only=True)
-    with store:
-        result = _guarded(as_json, lambda: explain(store, run_id, case))
-    _emit(result, as_json, None if as_json else render_explain(result))
+    _read_and_emit(db, as_json, lambda store: explain(store, run_id, case), render_explain)
 
 
 @audit.command("diff")
@@ -521,10 +522,8 @@ def audit_diff(db, run_a, run_b, limit, as_json):
 
     if limit is None:
         limit = 0 if as_json else 15
-    store = _open(db, as_json, read_only=True)
-    with store:
-        result = _guarded(as_json, lambda: diff(store, run_a, run_b, limit or None))
-    _emit(result, as_json, None if as_json else render_diff(result, limit))
+    _read_and_emit(db, as_json, lambda store: diff(store, run_a, run_b, limit or None),
+                   lambda result: render_diff(result, limit))
 
 
 # --- export ------------------------------------------------------------------------------------
@@ -544,15 +543,12 @@ def export(db, run_ids, all_runs, out, fmt, force, as_json):
     from grandrounds.replay_output import render_export
     from grandrounds.replay.export import ExportError, export_runs
 
-    store = _open(db, as_json, read_only=True)
-    with store:
-        def go():
-            ids = list(run_ids)
-            if all_runs:
-                if ids:
-                    raise ExportError("give run ids or --all, not both")
-                ids = [r.run_id for r in store.runs()]
-            return export_runs(store, ids, out, fmt, force=force)
+    def go(store):
+        ids = list(run_ids)
+        if all_runs:
+            if ids:
+                raise ExportError("give run ids or --all, not both")
+            ids = [r.run_id for r in store.runs()]
+        return export_runs(store, ids, out, fmt, force=force)
 
-        result = _guarded(as_json, go)
-    _emit(result, as_json, None if as_json else render_export(result))
+    _read_and_emit(db, as_json, go, render_export)

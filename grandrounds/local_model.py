@@ -99,11 +99,8 @@ def verified(path: Path) -> bool:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()  # streamed: the weights are 1.1 GB
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -20,24 +20,20 @@ CHANGE_TYPES = ("episode.stored", "rule.added", "rule.edited", "rule.priority_ch
 
 def _provenance(store: EventStore, run_id: str, rule_ids: list[str], episode_ids: list[str],
                 indexes: dict[str, int]) -> dict[str, dict]:
-    """item id -> the event that created it (seq, case, reflection)."""
+    """item id -> the event that created it (seq, case, reflection; a rule also its text then)."""
     out: dict[str, dict] = {}
     log = EventLog(store)
-    if rule_ids:
-        wanted = set(rule_ids)
-        for e in log.events(run_id, types=["rule.added"]):
+    for ids, type_, id_field in ((rule_ids, "rule.added", "rule_id"), (episode_ids, "episode.stored", "episode_id")):
+        if not ids:
+            continue
+        wanted = set(ids)
+        for e in log.events(run_id, types=[type_]):
             p = e.payload
-            if p["rule_id"] in wanted:
-                out[p["rule_id"]] = {"created_seq": e.seq, "from_case_id": e.case_id,
-                                     "from_case_index": indexes.get(e.case_id), "reflection_seq": e.causation_seq,
-                                     "text_at_creation": p["text"]}
-    if episode_ids:
-        wanted = set(episode_ids)
-        for e in log.events(run_id, types=["episode.stored"]):
-            p = e.payload
-            if p["episode_id"] in wanted:
-                out[p["episode_id"]] = {"created_seq": e.seq, "from_case_id": e.case_id,
-                                        "from_case_index": indexes.get(e.case_id), "reflection_seq": e.causation_seq}
+            if p[id_field] in wanted:
+                out[p[id_field]] = {"created_seq": e.seq, "from_case_id": e.case_id,
+                                    "from_case_index": indexes.get(e.case_id), "reflection_seq": e.causation_seq}
+                if type_ == "rule.added":  # a rule's text changes with patches: what it said when created
+                    out[p[id_field]]["text_at_creation"] = p["text"]
     return out
 
 

@@ -93,6 +93,18 @@ def _use_entry(seq: int, cid: str, indexes: dict, rank: int, scores: dict, ref: 
     }
 
 
+def _summary_of_uses(events: list[dict], created_by: str = "case_id", created_index: str = "case_index") -> dict:
+    """The head of a rule's, an episode's or a skill's summary: the case that created it (`created_by` /
+    `created_index`: the fields of its `created` entry naming that case) and how often it was retrieved,
+    followed, and followed on a case answered correctly."""
+    uses = [e for e in events if e["event"] == "retrieved"]
+    created = next((e for e in events if e["event"] == "created"), None)
+    return {"created_by_case": created[created_by] if created else None,
+            "created_at_case_index": created[created_index] if created else None,
+            "retrieved": len(uses), "followed": sum(e["followed"] for e in uses),
+            "followed_correct": sum(1 for e in uses if e["followed"] and e["correct"])}
+
+
 def _rule_history(store: EventStore, run_id: str, rule_id: str, policy, indexes: dict) -> dict:
     needle = f'"rule_id":{json.dumps(rule_id)}'
     rows = _rows(store, run_id, {t: (lambda p: p.get("rule_id") == rule_id) for t in RULE_TYPES},
@@ -146,17 +158,12 @@ def _rule_history(store: EventStore, run_id: str, rule_id: str, policy, indexes:
                         utility.append({"seq": seq, "case_index": indexes.get(cid),
                                         "utility": round(rule_utility(rule, n, policy), 6),
                                         "selected": rule.selected, "helpful": rule.helpful})
-    uses = [e for e in events if e["event"] == "retrieved"]
     final_utility = None
     if rule is not None and isinstance(policy, EvoMedAgentPolicy):
         final_utility = round(rule_utility(rule, len(feedback_seqs), policy), 6)
-    created = next((e for e in events if e["event"] == "created"), None)
     return {
         "summary": {
-            "created_by_case": created["case_id"] if created else None,
-            "created_at_case_index": created["case_index"] if created else None,
-            "retrieved": len(uses), "followed": sum(e["followed"] for e in uses),
-            "followed_correct": sum(1 for e in uses if e["followed"] and e["correct"]),
+            **_summary_of_uses(events),
             "patches": sum(e["event"] == "patched" for e in events),
             "merges": sum(e["event"] == "merged" for e in events),
             "status": "retired" if any(e["event"] == "retired" for e in events) else "active",
@@ -184,14 +191,8 @@ def _episode_history(store: EventStore, run_id: str, episode_id: str, indexes: d
                 if e["episode_id"] == episode_id:
                     events.append(_use_entry(seq, cid, indexes, rank, {"relevance": e["relevance"]}, ref,
                                              outcomes.get(cid, {})))
-    uses = [e for e in events if e["event"] == "retrieved"]
-    created = next((e for e in events if e["event"] == "created"), None)
     return {
-        "summary": {"created_by_case": created["case_id"] if created else None,
-                    "created_at_case_index": created["case_index"] if created else None,
-                    "retrieved": len(uses), "followed": sum(e["followed"] for e in uses),
-                    "followed_correct": sum(1 for e in uses if e["followed"] and e["correct"]),
-                    "status": "stored"},
+        "summary": {**_summary_of_uses(events), "status": "stored"},
         "events": events,
         "utility": [],
     }
@@ -288,14 +289,9 @@ def _skill_history(store: EventStore, run_id: str, skill_id: str, indexes: dict)
                     scores = {"relevance": it["relevance"], "utility": it["detail"].get("utility"),
                               "score": it["score"], "strength": it["detail"].get("strength")}
                     events.append(_use_entry(seq, cid, indexes, rank, scores, ref, outcomes.get(cid, {})))
-    uses = [e for e in events if e["event"] == "retrieved"]
-    created = next((e for e in events if e["event"] == "created"), None)
     return {
         "summary": {
-            "created_by_case": created["source_case_id"] if created else None,
-            "created_at_case_index": created["source_case_index"] if created else None,
-            "retrieved": len(uses), "followed": sum(e["followed"] for e in uses),
-            "followed_correct": sum(1 for e in uses if e["followed"] and e["correct"]),
+            **_summary_of_uses(events, "source_case_id", "source_case_index"),  # a skill names the case it came from
             "patches": sum(e["event"] == "patched" for e in events),
             "merges": sum(e["event"] in ("absorbed", "merged-into") for e in events),
             "status": status, "utility_now": u, "text_now": text,

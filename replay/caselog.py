@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from grandrounds.store.errors import InvalidInput
 from grandrounds.handlers.cases import Case, FhirCase
+from grandrounds.handlers.environments.registry import case_kinds
 from grandrounds.handlers.runs import RunSpec, read_spec
 from grandrounds.store.event_types import CaseReceived, MemorySeeded
 from grandrounds.store.eventstore import EventStore
@@ -54,17 +55,12 @@ def case_log(store: EventStore, run_id: str) -> list[Case | FhirCase]:
     environment to be re-executed: `replay.environment` rebuilds it from the `run.started` meta."""
     _require_readable(store, run_id)
     cases: list[Case | FhirCase] = []
+    kinds = case_kinds()
     for e in store.iter(run_id, types=[CaseReceived.event_type]):
         received = e.decode()
         assert isinstance(received, CaseReceived)
-        kind = received.case.get("kind")
-        if kind == "osce":  # an AgentClinic OSCE case (its environment: the run.started meta)
-            from grandrounds.handlers.environments.agentclinic_osce import OsceCase
-
-            cases.append(OsceCase.model_validate(received.case))
-            continue
-        model = FhirCase if kind == "fhir" else Case
-        cases.append(model.model_validate(received.case))
+        served = kinds.get(received.case.get("kind"))  # a tool task: its environment's case model
+        cases.append((served.case_class() if served else Case).model_validate(received.case))
     return cases
 
 

@@ -15,6 +15,8 @@ from contextlib import AbstractContextManager
 
 from grandrounds.handlers.cases import FhirCase
 from grandrounds.handlers.environments.base import META_KEY, EnvironmentRecord
+from grandrounds.handlers.environments.registry import case_kinds, open_recorded, record_from_meta
+from grandrounds.handlers.plugins import RegistryError
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.eventstore import EventStore
 
@@ -29,14 +31,13 @@ def recorded_environment(store: EventStore, run_id: str,
     FHIR tasks without that record cannot be re-executed (`error`)."""
     first = store.read(run_id, upto_seq=0)[0]
     data = first.meta.get(META_KEY)
-    if data:
-        if data.get("name") == "agentclinic":  # AgentClinic OSCE (handlers/environments/osce_env.py)
-            from grandrounds.handlers.environments.osce_env import OsceEnvironmentRecord
-
-            return OsceEnvironmentRecord.model_validate(data)
-        return EnvironmentRecord.model_validate(data)
+    if data:  # the record's `name` picks its registered environment (handlers/environments/registry.py)
+        try:
+            return record_from_meta(data)
+        except RegistryError as e:
+            raise error(f"run {run_id!r}: {e}") from None
     for e in store.iter(run_id, types=[CaseReceived.event_type]):
-        if e.payload["case"].get("kind") in ("fhir", "osce"):
+        if e.payload["case"].get("kind") in case_kinds():
             raise error(f"run {run_id!r} holds {e.payload['case']['kind']} tasks but no record of the environment "
                         "they ran in: it cannot be re-executed")
         break
@@ -104,10 +105,4 @@ def reopen_environment(record: EnvironmentRecord, run_id: str, source: str | Non
     """The run's MedAgentBench environment built again (a fresh sandbox), once its files check out:
     a context manager that starts the sandbox on entry and stops it on exit."""
     check_environment(record, run_id, source, cases, what, error, store)
-    if record.name == "agentclinic":
-        from grandrounds.handlers.environments.osce_env import open_environment as open_osce
-
-        return open_osce(record)
-    from grandrounds.handlers.environments.medagentbench.environment import open_environment
-
-    return open_environment(record)
+    return open_recorded(record)

@@ -173,9 +173,8 @@ def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing
     with EventStore(":memory:", codec=codec) as scratch:
         scratch.keep_fingerprints()
         conn = scratch.conn
-        conn.execute(EmbeddingCache.SCHEMA)
         conn.execute(f"ATTACH '{seed_path}' AS gr_seed (READ_ONLY)")
-        conn.execute("INSERT INTO embedding_cache SELECT * FROM gr_seed.embedding_cache")
+        EmbeddingCache.copy_from(conn, "gr_seed")
         cache = EmbeddingCache(cache_embedder(), conn)
         cache.recorded.load_table(conn, "gr_seed.recorded_vectors")  # the vectors the parent's records hold
         scratch.import_events(existing)
@@ -183,8 +182,7 @@ def _worker(run_id: str, spec: dict, cases: list[dict], seed_path: str, existing
                                [Case.model_validate(c) for c in cases], checkpoint=False,
                                seeded=MemorySeeded.model_validate(seeded) if seeded else None)
         cache.flush()
-        vectors = conn.execute("SELECT key, model, vector FROM embedding_cache "
-                               "WHERE key NOT IN (SELECT key FROM gr_seed.embedding_cache)").fetchall()
+        vectors = EmbeddingCache.rows_beyond(conn, "gr_seed")
         conn.execute("DETACH gr_seed")
         # Rows as stored (payload and meta as JSON text): pickling text is ~10x cheaper than
         # pickling the decoded payload dicts.
@@ -201,24 +199,17 @@ def _seed_file(target: EventStore, cache: EmbeddingCache, path: Path) -> None:
     """A DuckDB file holding a copy of the target's embedding cache and of the recorded vectors the parent
     adopted (a replay's source run's): workers read it, never write."""
     conn = target.conn
-    conn.execute(EmbeddingCache.SCHEMA)
     conn.execute(f"ATTACH '{path}' AS gr_seed")
     try:
-        conn.execute(EmbeddingCache.SCHEMA.replace("EXISTS embedding_cache", "EXISTS gr_seed.embedding_cache"))
-        conn.execute("INSERT INTO gr_seed.embedding_cache SELECT * FROM embedding_cache")
+        EmbeddingCache.copy_to(conn, "gr_seed")
         cache.recorded.save_table(conn, "gr_seed.recorded_vectors")
     finally:
         conn.execute("DETACH gr_seed")
 
 
 def _keep_vectors(target: EventStore, rows: list[tuple]) -> None:
-    if not rows:
-        return
-    keys, models, vecs = zip(*rows)
-    target.conn.execute(
-        "INSERT OR IGNORE INTO embedding_cache SELECT * FROM "
-        "(SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::FLOAT[][]))",
-        [list(keys), list(models), [list(v) for v in vecs]])
+    """The vectors a worker had to embed (`EmbeddingCache.rows_beyond`), into the target's cache table."""
+    EmbeddingCache.keep_rows(target.conn, rows)
 
 
 def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], workers: int = 1,

@@ -50,7 +50,7 @@ from grandrounds.store.eventstore import EventStore
 from grandrounds.store.read_model import EventLog
 
 
-MODEL_BACKBONES = ("openai", "record", "agent")
+from grandrounds.handlers.backbones import RECORDED_BACKBONES as MODEL_BACKBONES  # registrations with recorded=True
 """Backbones that call a model: their runs are replayed from the source's recorded exchanges."""
 
 

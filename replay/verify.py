@@ -14,8 +14,9 @@ their own recorded exchanges by request hash: no endpoint is needed.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from grandrounds.handlers.cases import FhirCase
@@ -34,7 +35,7 @@ from grandrounds.store.eventstore import EventStore
 from grandrounds.store.read_model import EventLog
 from grandrounds.store.sealing import ContentErased, ContentUnreadable
 from grandrounds.store.events import StoredEvent
-from grandrounds.store.signing import SigningKey, check_head
+from grandrounds.store.signing import HeadCheck, SigningKey, check_head
 
 
 class NotVerifiable(EnvironmentUnavailable):
@@ -103,7 +104,7 @@ def compare_logs(recorded: list[StoredEvent], replayed: list[StoredEvent]) -> Di
     return None
 
 
-MODEL_BACKBONES = ("openai", "record", "agent")  # an agent's replies are recorded exchanges too
+from grandrounds.handlers.backbones import RECORDED_BACKBONES as MODEL_BACKBONES  # recorded=True (agent too)
 
 
 def _completeness(store: EventStore, run_id: str, chain_version: int | None) -> dict:
@@ -157,9 +158,100 @@ class _Verdict:
         self.reasons.append(text)
         self.codes.append(code)
 
-    def fields(self) -> dict:
-        present = [c for c in REASON_ORDER if c in self.codes]
-        return {"reasons": self.reasons, "reason_codes": self.codes, "reason": present[0] if present else None}
+
+@dataclass(frozen=True)
+class AnchorCheck:
+    """`--expect` / `--expect-head`: the log's value against one published elsewhere."""
+
+    expected: str
+    actual: str | None
+    ok: bool
+
+    def as_dict(self) -> dict:
+        return {"expected": self.expected, "actual": self.actual, "ok": self.ok}
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What `verify` found for one run (DESIGN §8), however verification ended.
+
+    Modelled on Temporal's `WorkflowReplayResult` (the run, whether it replayed, the failure): the
+    fingerprints, the first divergence, the chain and signed-head checks, the anchors, and the reasons
+    with their codes. A run whose sealed content does not open is not re-executed (`reexecutable` false):
+    it carries its erased cases and its unreadable rows by cause instead of code versions (nothing ran to
+    compare them with). `to_dict()` is the `verify --json` object, key for key and in the same order."""
+
+    run_id: str
+    fingerprint: str | None
+    replayed_fingerprint: str | None
+    identical: bool
+    """Complete, and re-executed to the recorded events."""
+    events: int
+    cases: int
+    complete: bool | None
+    """None: a legacy run whose log cannot show a cut at a case boundary (never proven whole)."""
+    completeness: str
+    declared_cases: int | None
+    completed_cases: int
+    backbone: str
+    replayed_from_record: bool
+    first_divergence: Divergence | None
+    chain_break_seq: int | None
+    chain_version: int | None
+    chain_head: str | None
+    signed_head: HeadCheck
+    reexecutable: bool
+    reasons: tuple[str, ...] = ()
+    reason_codes: tuple[str, ...] = ()
+    """The code of each of `reasons`, in the same order."""
+    warnings: tuple[str, ...] = ()
+    expect: AnchorCheck | None = None
+    expect_head: AnchorCheck | None = None
+    code_versions: dict | None = None
+    """Re-executed runs only: {"recorded", "build", "differences"}."""
+    erased_cases: tuple[str, ...] = ()
+    unreadable_seqs: dict[str, list[int]] = field(default_factory=dict)
+    """Runs not re-executed only: the seqs of the sealed rows that do not open, by cause."""
+
+    def __post_init__(self) -> None:
+        if len(self.reasons) != len(self.reason_codes) or not set(self.reason_codes) <= set(REASON_ORDER):
+            raise ValueError(f"reasons and reason codes do not pair up: {self.reason_codes!r}")
+
+    @property
+    def chain_intact(self) -> bool:
+        return self.chain_break_seq is None
+
+    @property
+    def reason(self) -> str | None:
+        """The most telling of `reason_codes` (REASON_ORDER); None when verified."""
+        return next((code for code in REASON_ORDER if code in self.reason_codes), None)
+
+    @property
+    def ok(self) -> bool:
+        """Verified: re-executed, and no reason against it."""
+        return self.reexecutable and not self.reasons
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"run_id": self.run_id, "fingerprint": self.fingerprint,
+                               "replayed_fingerprint": self.replayed_fingerprint, "identical": self.identical,
+                               "events": self.events, "cases": self.cases}
+        if not self.reexecutable:  # where `verify --json` has always put them: after the counts
+            out.update(erased_cases=list(self.erased_cases), unreadable_seqs=dict(self.unreadable_seqs),
+                       reexecutable=False)
+        out.update(complete=self.complete, completeness=self.completeness, declared_cases=self.declared_cases,
+                   completed_cases=self.completed_cases, backbone=self.backbone,
+                   replayed_from_record=self.replayed_from_record,
+                   first_divergence=self.first_divergence.as_dict() if self.first_divergence else None,
+                   chain_intact=self.chain_intact, chain_break_seq=self.chain_break_seq,
+                   chain_version=self.chain_version, chain_head=self.chain_head, signed_head=self.signed_head.as_dict())
+        for name, anchor in (("expect", self.expect), ("expect_head", self.expect_head)):
+            if anchor is not None:  # only the anchors asked for have a key
+                out[name] = anchor.as_dict()
+        if self.code_versions is not None:
+            out["code_versions"] = self.code_versions
+        out.update(warnings=list(self.warnings), reasons=list(self.reasons), reason_codes=list(self.reason_codes),
+                   reason=self.reason, ok=self.ok)
+        return out
 
 
 def _seqs(seqs: list[int]) -> str:
@@ -186,12 +278,12 @@ def _content_reasons(verdict: _Verdict, store: EventStore, problems: dict) -> No
 
 
 def _anchor_reasons(verdict: _Verdict, fingerprint: str | None, head_chain: str | None, expect: str | None,
-                    expect_head: str | None) -> dict:
+                    expect_head: str | None) -> tuple[AnchorCheck | None, AnchorCheck | None]:
     """`--expect` / `--expect-head`: the log against a value published elsewhere (no key needed)."""
-    out: dict = {}
+    fp_check = head_check = None
     if expect is not None:
         want = expect.strip().lower()
-        out["expect"] = {"expected": want, "actual": fingerprint, "ok": fingerprint == want}
+        fp_check = AnchorCheck(want, fingerprint, fingerprint == want)
         if fingerprint is None:
             verdict.add("expect_unverifiable", "--expect: the run's fingerprint cannot be computed (see the other "
                         "reasons), so it cannot be compared with the published one")
@@ -202,11 +294,11 @@ def _anchor_reasons(verdict: _Verdict, fingerprint: str | None, head_chain: str 
         want = expect_head.strip()
         actual = head_chain
         same = actual is not None and (actual == want or (not want.startswith("v2:") and actual == "v2:" + want))
-        out["expect_head"] = {"expected": want, "actual": actual, "ok": same}
+        head_check = AnchorCheck(want, actual, same)
         if not same:
             verdict.add("expect_head_mismatch", f"--expect-head: the log's head chain value {actual} is not the "
                         f"published {want}: the log was rewritten, truncated or extended since")
-    return out
+    return fp_check, head_check
 
 
 def _key_file_mode(store: EventStore) -> int | None:
@@ -216,67 +308,104 @@ def _key_file_mode(store: EventStore) -> int | None:
         return None
 
 
-def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: SigningKey | None = None,
-               expect: str | None = None, expect_head: str | None = None) -> dict:
-    """The DESIGN §8 verify object: the chain, the signed head (with a key), completeness, then
-    re-execution (model runs are served their own recorded exchanges: no endpoint is called).
+@dataclass
+class _LogChecks:
+    """What verify finds by reading the log alone (chain, signed head, completeness), before any
+    re-execution, and the verdict and warnings it starts; `result` fills a VerifyResult's share of it."""
 
-    `identical` is true only for a complete run whose re-execution gives the recorded events; `ok`
-    also needs an intact chain, with a key a valid signed head matching the log, and the anchors given
-    (`expect`: a published fingerprint; `expect_head`: a published head chain value) matching.
-    A database whose key file is missing raises `KeyFileMissing` (bad input naming the file)."""
-    from grandrounds.store.erasure import content_problems
+    run_id: str
+    backbone: str
+    chain_version: int | None
+    chain_break_seq: int | None
+    chain_head: str | None
+    head: HeadCheck
+    whole: dict
+    key_given: bool
+    verdict: _Verdict = field(default_factory=_Verdict)
+    warnings: list[str] = field(default_factory=list)
+
+    def chain_reason(self) -> None:
+        if self.chain_break_seq is not None:
+            self.verdict.add("chain_broken", f"hash chain broken at seq {self.chain_break_seq}")
+
+    def incomplete_reason(self) -> None:
+        if self.whole["complete"] is False:
+            self.verdict.add("incomplete", self.whole["completeness"])
+
+    def head_reason(self) -> None:
+        if self.key_given and not self.head.ok:
+            self.verdict.add(_HEAD_CODES.get(self.head.status, "head_mismatch"),
+                             f"signed head: {self.head.status} ({self.head.detail})")
+
+    def result(self, **fields: Any) -> VerifyResult:
+        """Called last: the reasons and warnings are taken as they stand."""
+        w = self.whole
+        return VerifyResult(run_id=self.run_id, complete=w["complete"], completeness=w["completeness"],
+                            declared_cases=w["declared_cases"], completed_cases=w["completed_cases"],
+                            backbone=self.backbone, chain_break_seq=self.chain_break_seq,
+                            chain_version=self.chain_version, chain_head=self.chain_head, signed_head=self.head,
+                            reasons=tuple(self.verdict.reasons), reason_codes=tuple(self.verdict.codes),
+                            warnings=tuple(self.warnings), **fields)
+
+
+def _check_log(store: EventStore, run_id: str, backbone: str, key: SigningKey | None) -> _LogChecks:
     from grandrounds.store.signing import current_head
 
-    spec = require_spec(store, run_id)
     chain = store.check_chain(run_id)  # first, for every run: it reads nothing but the rows
-    head = check_head(store, run_id, key)
-    whole = _completeness(store, run_id, chain.version)
-    head_chain = current_head(store, run_id).chain if chain.events else None
-    warnings = []
-    verdict = _Verdict()
+    checks = _LogChecks(run_id, backbone, chain.version, chain.break_seq,
+                        current_head(store, run_id).chain if chain.events else None, check_head(store, run_id, key),
+                        _completeness(store, run_id, chain.version), key is not None)
     if chain.version == 1:
-        warnings.append("chain v1 (written before the chain covered run id and meta): an edit of run_id or "
-                        "meta is not detected by it")
-    if whole["complete"] is None:
-        warnings.append(whole["completeness"])
-    if head.status == "not checked" and head.signed is not None:
-        warnings.append("the run has a signed head: give the key (GRANDROUNDS_SIGNING_KEY or --key-file) to check it")
+        checks.warnings.append("chain v1 (written before the chain covered run id and meta): an edit of run_id or "
+                               "meta is not detected by it")
+    if checks.whole["complete"] is None:
+        checks.warnings.append(checks.whole["completeness"])
+    if checks.head.status == "not checked" and checks.head.signed is not None:
+        checks.warnings.append("the run has a signed head: give the key (GRANDROUNDS_SIGNING_KEY or --key-file) to "
+                               "check it")
     mode = _key_file_mode(store)
     if mode is not None and mode & 0o077:
-        warnings.append(f"key file {store.codec.ring.path} is mode {mode:o}: others can read the keys of the sealed "
-                        "content (chmod 600 it)")
+        checks.warnings.append(f"key file {store.codec.ring.path} is mode {mode:o}: others can read the keys of the "
+                               "sealed content (chmod 600 it)")
+    return checks
 
-    problems = content_problems(store, run_id)  # KeyFileMissing propagates: a file is missing, nothing erased
-    erased = problems.get("erased_cases", [])
-    if problems.get("erased") or problems.get("key_missing") or problems.get("ciphertext_tampered"):
-        # Content that does not open: the chain and the signed head still check, re-execution cannot run.
-        if chain.break_seq is not None:
-            verdict.add("chain_broken", f"hash chain broken at seq {chain.break_seq}")
-        _content_reasons(verdict, store, problems)
-        if key is not None and not head.ok:
-            verdict.add(_HEAD_CODES.get(head.status, "head_mismatch"), f"signed head: {head.status} ({head.detail})")
-        if whole["complete"] is False:
-            verdict.add("incomplete", whole["completeness"])
-        try:
-            fingerprint = store.fingerprint(run_id)  # after an erasure: the one recorded at the erasure
-        except ContentErased as exc:  # none recorded: the run grew after the erasure
-            fingerprint = None
-            verdict.add("erased", str(exc))
-        except ContentUnreadable:  # named above
-            fingerprint = None
-        anchors = _anchor_reasons(verdict, fingerprint, head_chain, expect, expect_head)
-        return {"run_id": run_id, "fingerprint": fingerprint, "replayed_fingerprint": None,
-                "identical": False, "events": store.last_seq(run_id) + 1, "cases": whole["received_cases"],
-                "erased_cases": erased, "unreadable_seqs": {k: v for k, v in problems.items() if k != "erased_cases"},
-                "reexecutable": False, "complete": whole["complete"],
-                "completeness": whole["completeness"], "declared_cases": whole["declared_cases"],
-                "completed_cases": whole["completed_cases"], "backbone": spec.backbone,
-                "replayed_from_record": False, "first_divergence": None,
-                "chain_intact": chain.break_seq is None, "chain_break_seq": chain.break_seq,
-                "chain_version": chain.version, "chain_head": head_chain, "signed_head": head.as_dict(),
-                **anchors, "warnings": warnings, **verdict.fields(), "ok": False}
 
+def _not_reexecutable(store: EventStore, checks: _LogChecks, problems: dict, expect: str | None,
+                      expect_head: str | None) -> VerifyResult:
+    """Content that does not open: the chain and the signed head still check, re-execution cannot run."""
+    checks.chain_reason()
+    _content_reasons(checks.verdict, store, problems)
+    checks.head_reason()
+    checks.incomplete_reason()
+    try:
+        fingerprint = store.fingerprint(checks.run_id)  # after an erasure: the one recorded at the erasure
+    except ContentErased as exc:  # none recorded: the run grew after the erasure
+        fingerprint = None
+        checks.verdict.add("erased", str(exc))
+    except ContentUnreadable:  # named above
+        fingerprint = None
+    expect_check, head_check = _anchor_reasons(checks.verdict, fingerprint, checks.chain_head, expect, expect_head)
+    return checks.result(fingerprint=fingerprint, replayed_fingerprint=None, identical=False,
+                         events=store.last_seq(checks.run_id) + 1, cases=checks.whole["received_cases"],
+                         replayed_from_record=False, first_divergence=None, reexecutable=False,
+                         expect=expect_check, expect_head=head_check,
+                         erased_cases=tuple(problems.get("erased_cases", [])),
+                         unreadable_seqs={k: v for k, v in problems.items() if k != "erased_cases"})
+
+
+@dataclass(frozen=True)
+class _Reexecution:
+    cases: int
+    fingerprint: str
+    replayed_fingerprint: str
+    divergence: Divergence | None
+    error: str | None
+    """The re-execution asked for a model exchange the record does not hold."""
+    from_record: bool
+
+
+def _reexecute(store: EventStore, run_id: str, spec, cache: EmbeddingCache, whole: dict) -> _Reexecution:
+    """Re-execute the run into a scratch in-memory store and compare it with the log."""
     backbone_options = None
     if spec.backbone in MODEL_BACKBONES:
         # A model run re-executes against its own recorded exchanges, served by request hash: no
@@ -311,62 +440,70 @@ def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: Signi
         recorded = store.read(run_id)
         replayed = scratch.read(run_id, upto_seq=upto)
         divergence = compare_logs(recorded, replayed)
-        fingerprint = store.fingerprint(run_id)  # every sealed row opened above: this cannot fail on content
+        fingerprint = store.fingerprint(run_id)  # every sealed row opened: this cannot fail on content
         replayed_fp = scratch.fingerprint(run_id, upto_seq=upto)
     finally:
         scratch.close()
     if not store.read_only:  # a read-only copy stays as it is: vectors it lacked were embedded in memory only
         cache.flush()
-    same = fingerprint == replayed_fp and divergence is None and replay_error is None
-    identical = same and whole["complete"] is not False
-    if chain.break_seq is not None:
-        verdict.add("chain_broken", f"hash chain broken at seq {chain.break_seq}")
-    if whole["complete"] is False:
-        verdict.add("incomplete", whole["completeness"])
-    if replay_error:
-        verdict.add("diverged", replay_error)
+    return _Reexecution(len(cases), fingerprint, replayed_fp, divergence, replay_error, backbone_options is not None)
+
+
+def verify_run(store: EventStore, run_id: str, cache: EmbeddingCache, key: SigningKey | None = None,
+               expect: str | None = None, expect_head: str | None = None) -> VerifyResult:
+    """The DESIGN §8 verify result: the chain, the signed head (with a key), completeness, then
+    re-execution (model runs are served their own recorded exchanges: no endpoint is called).
+
+    `identical` is true only for a complete run whose re-execution gives the recorded events; `ok`
+    also needs an intact chain, with a key a valid signed head matching the log, and the anchors given
+    (`expect`: a published fingerprint; `expect_head`: a published head chain value) matching.
+    A database whose key file is missing raises `KeyFileMissing` (bad input naming the file)."""
+    from grandrounds.store.erasure import content_problems
+
+    spec = require_spec(store, run_id)
+    checks = _check_log(store, run_id, spec.backbone, key)
+    problems = content_problems(store, run_id)  # KeyFileMissing propagates: a file is missing, nothing erased
+    if problems.get("erased") or problems.get("key_missing") or problems.get("ciphertext_tampered"):
+        return _not_reexecutable(store, checks, problems, expect, expect_head)
+
+    done = _reexecute(store, run_id, spec, cache, checks.whole)
+    same = done.fingerprint == done.replayed_fingerprint and done.divergence is None and done.error is None
+    checks.chain_reason()
+    checks.incomplete_reason()
+    if done.error:
+        checks.verdict.add("diverged", done.error)
     elif not same:
-        verdict.add("diverged", "the re-execution differs from the log" +
-                    (f" (first at seq {divergence.seq})" if divergence else ""))
-    if key is not None and not head.ok:
-        verdict.add(_HEAD_CODES.get(head.status, "head_mismatch"), f"signed head: {head.status} ({head.detail})")
-    anchors = _anchor_reasons(verdict, fingerprint, head_chain, expect, expect_head)
+        checks.verdict.add("diverged", "the re-execution differs from the log" +
+                           (f" (first at seq {done.divergence.seq})" if done.divergence else ""))
+    checks.head_reason()
+    expect_check, head_check = _anchor_reasons(checks.verdict, done.fingerprint, checks.chain_head, expect,
+                                               expect_head)
     recorded_code = spec.code or None
     build_code = code_versions(spec.policy)
     code_diffs = differences(recorded_code, build_code) if recorded_code != build_code else []
     if code_diffs and recorded_code is not None:
         if same:
-            warnings.append("recorded by other code versions, yet re-executes identically: " + "; ".join(code_diffs))
+            checks.warnings.append("recorded by other code versions, yet re-executes identically: " +
+                                   "; ".join(code_diffs))
         else:  # say why the bytes differ, not only where
-            verdict.add("code_changed", "recorded by other code versions: " + "; ".join(code_diffs))
+            checks.verdict.add("code_changed", "recorded by other code versions: " + "; ".join(code_diffs))
     elif code_diffs and not same:
-        verdict.add("code_changed", code_diffs[0])
-    return {
-        "run_id": run_id,
-        "fingerprint": fingerprint,
-        "replayed_fingerprint": replayed_fp,
-        "identical": identical,
-        "events": head_seq + 1,
-        "cases": len(cases),
-        "complete": whole["complete"],
-        "completeness": whole["completeness"],
-        "declared_cases": whole["declared_cases"],
-        "completed_cases": whole["completed_cases"],
-        "backbone": spec.backbone,
-        "replayed_from_record": backbone_options is not None,
-        "first_divergence": divergence.as_dict() if divergence else None,
-        "chain_intact": chain.break_seq is None,
-        "chain_break_seq": chain.break_seq,
-        "chain_version": chain.version,
-        "chain_head": head_chain,
-        "signed_head": head.as_dict(),
-        **anchors,
-        "code_versions": {"recorded": recorded_code, "build": build_code, "differences": code_diffs},
-        "warnings": warnings,
-        **verdict.fields(),
-        "ok": not verdict.reasons,
-    }
+        checks.verdict.add("code_changed", code_diffs[0])
+    return checks.result(fingerprint=done.fingerprint, replayed_fingerprint=done.replayed_fingerprint,
+                         identical=same and checks.whole["complete"] is not False, events=store.last_seq(run_id) + 1,
+                         cases=done.cases, replayed_from_record=done.from_record, first_divergence=done.divergence,
+                         reexecutable=True, expect=expect_check, expect_head=head_check,
+                         code_versions={"recorded": recorded_code, "build": build_code, "differences": code_diffs})
 
+
+def verify_runs(store: EventStore, run_ids: Iterable[str], cache_factory: Callable[[EventStore], EmbeddingCache],
+                key: SigningKey | None = None) -> Iterator[VerifyResult]:
+    """`verify_run` for each of `run_ids` in turn, lazily (a run is re-executed when its result is asked
+    for; one that cannot be verified raises as `verify_run` does). Each run gets a cache of its own,
+    `cache_factory(store)` (`grandrounds.app.make_cache`): a run adopts the vectors its log recorded into
+    the cache it re-executes with, and a cache shared between runs would lend one run's vectors to the next."""
+    for run_id in run_ids:
+        yield verify_run(store, run_id, cache_factory(store), key=key)
 
 
 # --- runs of tool tasks (MedAgentBench): their environment is rebuilt from the recorded files --------

@@ -34,8 +34,26 @@ LAYERS = {
     "grandrounds.sandbox": 0.5,  # the local FHIR test server: the store's helpers only; handlers may start it
     "grandrounds.handlers": 1,
     "grandrounds.streams": 2,
-    "grandrounds.replay": 2,
+    "grandrounds.replay": 2.5,  # re-executes runs through the streams' runners (embedded, Kafka): above them
     "grandrounds": 3,  # the CLI / composition root
+}
+
+# Inside handlers/, the packages that build on one another, lowest first (same rule as LAYERS). A package
+# may import those below it; its other imports inside handlers/ (cases, text, tools, the stages) are not
+# ordered here.
+#   plugins       the entry-point registry machinery (backbones and environments register through it)
+#   llm           the gateway, recorded exchanges, and what a case's failure is (CaseFailure)
+#   environments  benchmark adapters: cases, tools, grading (MedAgentBench, AgentClinic)
+#   agent         the agent loops (ReAct, FHIR, OSCE dialogue), acting through an environment's tools
+#   policies      memory: what the agent is shown, what is learnt; reads the agent's replies
+#   backbones     what the stages call to act and reflect: runs an agent loop (or the sim) with a policy's memory
+HANDLER_LAYERS = {
+    "grandrounds.handlers.plugins": 0,
+    "grandrounds.handlers.llm": 1,
+    "grandrounds.handlers.environments": 2,
+    "grandrounds.handlers.agent": 3,
+    "grandrounds.handlers.policies": 4,
+    "grandrounds.handlers.backbones": 5,
 }
 
 
@@ -152,6 +170,27 @@ def layer_of(module: str) -> str:
     return top if top in LAYERS else "grandrounds"
 
 
+def handler_layer_of(module: str) -> str | None:
+    """The `HANDLER_LAYERS` package a module is in (its own module: plugins), None outside them."""
+    parts = module.split(".")
+    top = ".".join(parts[:3])
+    return top if top in HANDLER_LAYERS else None
+
+
+def upward_handler_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs inside handlers/ where a package of `HANDLER_LAYERS` imports one above it."""
+    bad = []
+    for m, targets in graph.items():
+        lm = handler_layer_of(m)
+        if lm is None:
+            continue
+        for t in sorted(targets):
+            lt = handler_layer_of(t)
+            if lt is not None and HANDLER_LAYERS[lt] > HANDLER_LAYERS[lm]:
+                bad.append((m, t))
+    return sorted(bad)
+
+
 def package_of(module: str, depth: int = 3) -> str:
     """The package a module belongs to, `depth` names deep (grandrounds.handlers.policies)."""
     known_packages = {m for m, p in modules().items() if p.name == "__init__.py"}
@@ -164,8 +203,8 @@ def package_of(module: str, depth: int = 3) -> str:
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    """(importer, imported) pairs where a lower layer imports a higher one, or streams and replay
-    import each other (siblings above handlers, below the CLI)."""
+    """(importer, imported) pairs where a lower layer imports a higher one (two layers at the same level
+    may not import each other either), and inside handlers/ a package importing one above it."""
     bad = []
     for m, targets in graph.items():
         lm = layer_of(m)
@@ -173,7 +212,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
             lt = layer_of(t)
             if LAYERS[lt] > LAYERS[lm] or (LAYERS[lt] == LAYERS[lm] and lt != lm):
                 bad.append((m, t))
-    return sorted(bad)
+    return sorted(set(bad) | set(upward_handler_imports(graph)))
 
 
 def package_edges(graph: dict[str, set[str]], depth: int = 3) -> dict[str, dict[str, int]]:

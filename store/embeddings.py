@@ -338,15 +338,45 @@ class EmbeddingCache:
             self._pending.clear()
             return 0
         keys = list(self._pending)
-        vecs = [self._pending[k].tolist() for k in keys]
-        self._conn.execute(
-            "INSERT OR IGNORE INTO embedding_cache SELECT * FROM "
-            "(SELECT unnest(?::VARCHAR[]), ?, unnest(?::FLOAT[][]))",
-            [keys, self.model, vecs],
-        )
-        n = len(keys)
+        self._insert(self._conn, keys, [self.model] * len(keys), [self._pending[k].tolist() for k in keys])
         self._pending.clear()
-        return n
+        return len(keys)
+
+    @staticmethod
+    def _insert(conn: duckdb.DuckDBPyConnection, keys: list[str], models: list[str], vectors: list[list]) -> None:
+        """Cache rows in one INSERT over lists; a key the file holds already keeps its row."""
+        conn.execute("INSERT OR IGNORE INTO embedding_cache SELECT * FROM "
+                     "(SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::FLOAT[][]))",
+                     [keys, models, vectors])
+
+    # --- the table between files (a replay's worker processes: store/embeddings.py owns the table) ---
+
+    @classmethod
+    def copy_to(cls, conn: duckdb.DuckDBPyConnection, schema: str) -> None:
+        """Copy the file's cache rows into the cache table of the database attached as `schema`."""
+        conn.execute(cls.SCHEMA)
+        conn.execute(cls.SCHEMA.replace("EXISTS embedding_cache", f"EXISTS {schema}.embedding_cache"))
+        conn.execute(f"INSERT INTO {schema}.embedding_cache SELECT * FROM embedding_cache")
+
+    @classmethod
+    def copy_from(cls, conn: duckdb.DuckDBPyConnection, schema: str) -> None:
+        """Fill the file's cache table with the rows of the database attached as `schema`."""
+        conn.execute(cls.SCHEMA)
+        conn.execute(f"INSERT INTO embedding_cache SELECT * FROM {schema}.embedding_cache")
+
+    @staticmethod
+    def rows_beyond(conn: duckdb.DuckDBPyConnection, schema: str) -> list[tuple]:
+        """(key, model, vector) of the file's cache rows that the database attached as `schema` lacks."""
+        return conn.execute("SELECT key, model, vector FROM embedding_cache "
+                            f"WHERE key NOT IN (SELECT key FROM {schema}.embedding_cache)").fetchall()
+
+    @classmethod
+    def keep_rows(cls, conn: duckdb.DuckDBPyConnection, rows: Sequence[tuple]) -> None:
+        """Add cache rows (key, model, vector) from another file (`rows_beyond`) to this one."""
+        if not rows:
+            return
+        keys, models, vecs = zip(*rows)
+        cls._insert(conn, list(keys), list(models), [list(v) for v in vecs])
 
 
 def _has_cache_table(conn: duckdb.DuckDBPyConnection) -> bool:

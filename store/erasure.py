@@ -16,11 +16,10 @@ never the subject itself.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from grandrounds.store.errors import InvalidInput
-from grandrounds.store.sealing import SEALED_KEY, ContentErased, require_key_file
+from grandrounds.store.sealing import SEALED_KEY, SUBJECT_REF_SQL, ContentErased, require_key_file
 
 ERASURES_SCHEMA = """CREATE TABLE IF NOT EXISTS erasures (
     run_id VARCHAR NOT NULL, last_seq BIGINT NOT NULL, fingerprint VARCHAR NOT NULL, subject_ref VARCHAR NOT NULL,
@@ -46,8 +45,8 @@ class Erasure:
 
 def _runs_and_cases(store, ref: str) -> dict[str, list[str]]:
     rows = store.conn.execute(
-        "SELECT run_id, case_id FROM events WHERE type = 'case.received' AND "
-        "json_extract_string(payload, '$.\"$sealed\".s') = ? ORDER BY run_id, seq", [ref]).fetchall()
+        f"SELECT run_id, case_id FROM events WHERE type = 'case.received' AND {SUBJECT_REF_SQL} = ? "
+        "ORDER BY run_id, seq", [ref]).fetchall()
     out: dict[str, list[str]] = {}
     for run_id, case_id in rows:
         out.setdefault(run_id, []).append(case_id)
@@ -112,7 +111,6 @@ def content_problems(store, run_id: str, types: tuple[str, ...] | None = None) -
     "ciphertext_tampered": [seq…], "erased_cases": [case ids of erased `case.received` rows]}; causes
     with no row are left out. A key file that is missing altogether raises `KeyFileMissing` (bad input
     naming the file): nothing can be said of any row then."""
-    codec = store.codec
     where = "" if types is None else f" AND type IN ({', '.join('?' for _ in types)})"
     cur = store.conn.cursor()
     out: dict[str, list] = {}
@@ -124,21 +122,11 @@ def content_problems(store, run_id: str, types: tuple[str, ...] | None = None) -
             if not page:
                 break
             for seq, type_, case_id, payload in page:
-                try:
-                    stored = json.loads(payload)
-                except ValueError:
-                    out.setdefault("ciphertext_tampered", []).append(int(seq))
+                reason = store.mapper.problem(run_id, seq, type_, payload)  # the one reader of rows
+                if reason is None:
                     continue
-                if not isinstance(stored, dict) or SEALED_KEY not in stored:
-                    continue
-                if codec is None:  # sealed rows and no codec (GRANDROUNDS_ENCRYPT=0): cannot be opened here
-                    out.setdefault("key_missing", []).append(int(seq))
-                    continue
-                problem = codec.problem(run_id, int(seq), type_, stored)
-                if problem is None:
-                    continue
-                out.setdefault(problem.reason, []).append(int(seq))
-                if problem.reason == "erased" and type_ == "case.received":
+                out.setdefault(reason, []).append(int(seq))
+                if reason == "erased" and type_ == "case.received":
                     out.setdefault("erased_cases", []).append(case_id)
     finally:
         cur.close()
@@ -152,8 +140,7 @@ def subject_refs(store) -> tuple[set[str], set[str]]:
     import duckdb
 
     sealed = {r[0] for r in store.conn.execute(
-        "SELECT DISTINCT json_extract_string(payload, '$.\"$sealed\".s') FROM events "
-        "WHERE json_extract_string(payload, '$.\"$sealed\".s') IS NOT NULL").fetchall()}
+        f"SELECT DISTINCT {SUBJECT_REF_SQL} FROM events WHERE {SUBJECT_REF_SQL} IS NOT NULL").fetchall()}
     try:
         erased = {r[0] for r in store.conn.execute("SELECT DISTINCT subject_ref FROM erasures").fetchall()}
     except duckdb.CatalogException:  # nothing was ever erased in this file

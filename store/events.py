@@ -9,9 +9,8 @@ one version step at a time, so stored bytes are never rewritten.
 from __future__ import annotations
 
 from grandrounds.store.errors import InvalidInput
-import json
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, TypeVar
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
@@ -137,7 +136,8 @@ class NewEvent:
 
 @dataclass(frozen=True)
 class StoredEvent:
-    """An event as read back from the log: raw stored payload plus its envelope."""
+    """An event as the log holds it: its envelope and payload (plaintext once read: sealed content is
+    opened). A stored row is decoded into one in one place, the store's mapper (store/mapper.py)."""
 
     run_id: str
     seq: int
@@ -154,13 +154,6 @@ class StoredEvent:
     meta_json: str | None = field(default=None, compare=False, repr=False)
     """The same for meta (the chain covers a digest of it)."""
 
-    @classmethod
-    def from_row(cls, r: tuple) -> "StoredEvent":
-        """The one decoder of a stored row: (run_id, seq, type, schema_version, case_id, causation_seq,
-        payload JSON, meta JSON, chain)."""
-        return cls(r[0], int(r[1]), r[2], int(r[3]), r[4], None if r[5] is None else int(r[5]),
-                   json.loads(r[6]), json.loads(r[7]), r[8])
-
     def canonical_payload(self) -> str:
         return self.payload_json if self.payload_json is not None else canonical_json(self.payload)
 
@@ -173,3 +166,12 @@ class StoredEvent:
         """The payload as its current typed model (upcast when stored at an older version)."""
         data = upcast(self.type, self.schema_version, self.payload)
         return payload_class(self.type).model_validate(data)
+
+
+def stored_columns() -> dict[str, Any]:
+    """A stored event's columns, in row order, with their types: its identity (`payload_json` and
+    `meta_json`, texts cached by a writer, are not part of it). What a copy of a stored event carries
+    (a changelog message, streams/messages.py), so the copy's shape follows the store's."""
+    hints = get_type_hints(StoredEvent)
+    return {f.name: hints[f.name] for f in fields(StoredEvent) if f.compare}
+

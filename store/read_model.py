@@ -1,9 +1,9 @@
 """The read model: typed queries over the event log for every reader above the store.
 
 Replay, audit, reports, the CLI and the benchmarks read events through `EventLog`, never through SQL of
-their own: a stored row is decoded in one place (`EventStore.decode_row`: `StoredEvent.from_row`, store/events.py,
-then sealed case content opened, store/sealing.py) and its payload
-brought up to the current schema version by the upcasters (`LogEvent.payload`), so an old log reads like
+their own: a stored row is decoded in one place, the store's mapper (`Mapper.decode`, store/mapper.py: the
+row's columns, then its sealed case content opened, store/sealing.py), and its payload brought up to the
+current schema version by the upcasters (`LogEvent.payload`), so an old log reads like
 a new one everywhere. The queries are what those readers ask: a run's events in a seq range, as of a
 case or a seq, by type, by case, the latest of a type, counts.
 """
@@ -11,9 +11,9 @@ case or a seq, by type, by case, the latest of a type, counts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
-from grandrounds.store.eventstore import EventStore
+from grandrounds.store.eventstore import ROW_COLUMNS, EventStore
 from grandrounds.store.events import EventPayload, StoredEvent, payload_class, upcast
 from grandrounds.store.sealing import ContentErased
 
@@ -21,23 +21,16 @@ _FAR = 2**62
 
 
 @dataclass(frozen=True)
-class LogEvent:
-    """An event as readers see it: its payload upcast to the current version of its type."""
-
-    run_id: str
-    seq: int
-    type: str
-    case_id: str | None
-    causation_seq: int | None
-    payload: dict[str, Any]
-    """The payload at the current schema version of its type (upcast on read when stored older)."""
-    meta: dict[str, Any]
-    """Wall clock, latency, host, how an exchange was served: never state."""
+class LogEvent(StoredEvent):
+    """An event as readers see it: the stored event, its payload upcast to the current version of its
+    type (`schema_version` says which: the current one); `meta` is wall clock, latency, host, how an
+    exchange was served: never state."""
 
     @classmethod
     def of(cls, e: StoredEvent) -> "LogEvent":
-        return cls(e.run_id, e.seq, e.type, e.case_id, e.causation_seq,
-                   upcast(e.type, e.schema_version, e.payload), e.meta)
+        payload = upcast(e.type, e.schema_version, e.payload)
+        return cls(e.run_id, e.seq, e.type, payload_class(e.type).schema_version, e.case_id, e.causation_seq,
+                   payload, e.meta, e.chain)
 
     def model(self) -> EventPayload:
         """The payload as its typed model."""
@@ -47,7 +40,7 @@ class LogEvent:
 class EventLog:
     """Queries on one store's runs. Cheap to make: holds nothing but the store."""
 
-    _COLUMNS = "run_id, seq, type, schema_version, case_id, causation_seq, payload, meta, chain"
+    _COLUMNS = ROW_COLUMNS
 
     def __init__(self, store: EventStore):
         self.store = store
@@ -77,12 +70,13 @@ class EventLog:
             sql += " AND contains(CAST(payload AS VARCHAR), ?)"
             params.append(text)
         sql += " ORDER BY seq"
+        decode = self.store.mapper.decode
         cur = self.store.conn.cursor()  # own cursor: the caller may query or write while iterating
         try:
             cur.execute(sql, params)
             while rows := cur.fetchmany(batch):
                 for r in rows:
-                    yield LogEvent.of(self.store.decode_row(r))
+                    yield LogEvent.of(decode(r))
         finally:
             cur.close()
 
@@ -97,7 +91,7 @@ class EventLog:
         row = self.store.conn.execute(
             f"SELECT {self._COLUMNS} FROM events WHERE run_id = ? AND type = ? AND seq <= ? "
             "ORDER BY seq DESC LIMIT 1", [run_id, type_, _FAR if upto_seq is None else upto_seq]).fetchone()
-        return None if row is None else LogEvent.of(self.store.decode_row(row))
+        return None if row is None else LogEvent.of(self.store.mapper.decode(row))
 
     def first(self, run_id: str, type_: str) -> LogEvent | None:
         return next(self.events(run_id, types=[type_], batch=1), None)
@@ -185,9 +179,4 @@ class EventLog:
                                 f"ORDER BY run_id, seq) TO '{target}' (FORMAT PARQUET)")
         return int(self.store.conn.execute("SELECT count(*) FROM events WHERE run_id IN (SELECT unnest(?::VARCHAR[]))",
                                            [list(run_ids)]).fetchone()[0])
-
-
-def decode_rows(rows: Iterable[tuple]) -> list[StoredEvent]:
-    """Rows from `EventLog.stored_rows` back into stored events (the one row decoder)."""
-    return [StoredEvent.from_row(r) for r in rows]
 

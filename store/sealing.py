@@ -36,6 +36,8 @@ from grandrounds.store.errors import GrandroundsError
 from grandrounds.store.keyring import KeyFileMissing, KeyRing, keys_path_for
 
 SEALED_KEY = "$sealed"
+SUBJECT_REF_SQL = "json_extract_string(payload, '$.\"$sealed\".s')"
+"""SQL over the `events` table: the subject ref a row's payload is sealed under (NULL: not sealed)."""
 ERASED = "[erased]"
 """What erased text reads as (audit, export, the web view)."""
 

@@ -27,6 +27,7 @@ from faststream.kafka.schemas import Topic
 from faststream.middlewares import AckPolicy, BaseMiddleware
 from pydantic import ValidationError
 
+from grandrounds.handlers.stages import STAGE_TABLE, STAGES, StageDef
 from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.errors import InvalidInput
 from grandrounds.store.eventstore import EventStore
@@ -36,26 +37,18 @@ from grandrounds.streams.assignor import copartition_assignor
 from grandrounds.streams.changelog import encode_batch
 from grandrounds.streams.kafka_worker import KafkaWorker
 from grandrounds.streams.messages import ChangelogBatch, DeadLetter, RetrieveCommand, StageCommand
-from grandrounds.streams.topics import (DEFAULT_GROUP, DEFAULT_PARTITIONS, DEFAULT_PREFIX, STAGES, Topics, ensure_topics,
-                           partition_for)
+from grandrounds.streams.session import open_store
+from grandrounds.streams.topics import (DEFAULT_GROUP, DEFAULT_PARTITIONS, DEFAULT_PREFIX, Topics, ensure_topics,
+                                        partition_for)
 
 log = logging.getLogger("grandrounds.kafka")
 # FastStream's own loggers print to stdout; ours go wherever logging is configured (the CLI:
 # stderr), so `--json` keeps stdout to one object.
 FASTSTREAM_LOG = logging.getLogger("grandrounds.faststream")
 
-STAGE_DOCS = {
-    "retrieve": "Intake of a run: its `RunStart`, then its cases in order. Takes a case in and reads memory for it.",
-    "act": "The backbone answers the case from its gold-free view and the retrieved memory (the LLM call).",
-    "feedback": "Grades the recorded answer; attributes the outcome to rules and tools.",
-    "reflect": "After feedback: reflection, episode and rule edits (memory writes).",
-    "govern": "Relabels tools and closes the case (the memory watermark advances).",
-}
-
-
 COMMAND_FETCH = {"fetch_min_bytes": 64 * 1024, "fetch_max_wait_ms": 100}
-"""Fetch settings of the act…govern consumers. Their messages are the worker's own commands,
-which it takes up as soon as it has produced them (see `RunActor`); the consumer's
+"""Fetch settings of the consumers of every stage but the intake (act…govern). Their messages are the
+worker's own commands, which it takes up as soon as it has produced them (see `RunActor`); the consumer's
 copies only move its position, so it fetches them in batches (at most every 100 ms) instead of
 one fetch round trip per command. A command the worker did not produce (another worker's,
 after a rebalance) waits at most that long."""
@@ -85,6 +78,9 @@ class WorkerSettings:
     checkpoint_every: int = 250
     keep_step_log: bool = False
     backbone_opts: dict = field(default_factory=dict)
+    """`make_backbone` options of every run's backbone: an endpoint (`base_url`), `agent` (`--agent`'s callable)."""
+    agent_name: str | None = None
+    """`--agent`: the name its replies are recorded under; the worker takes `agent` runs of that model only."""
     tune_gc: bool = False
     """After start-up, freeze what it loaded out of the garbage collector's way and collect less
     often (the `grandrounds worker` process; not a process that hosts other work, like tests)."""
@@ -177,9 +173,10 @@ def build_broker(bootstrap: str, topics: Topics, *, owner: "KafkaWorkerApp | Non
     opts = dict(consumer_opts or {})
     assignor = copartition_assignor(worker_id)
     subscribers: dict[str, Any] = {}
-    for stage in STAGES:
+    for row in STAGE_TABLE:
+        stage = row.name
         listener = _ForwardingListener(owner, stage) if owner is not None else None
-        extra = {} if stage == "retrieve" else dict(COMMAND_FETCH)
+        extra = {} if row.intake else dict(COMMAND_FETCH)
         sub = broker.subscriber(
             Topic(topics.stage(stage), declare=False),
             group_id=group_id,
@@ -189,21 +186,21 @@ def build_broker(bootstrap: str, topics: Topics, *, owner: "KafkaWorkerApp | Non
             listener=listener,
             partition_assignment_strategy=(assignor,),
             title=f"{topics.stage(stage)}:{stage}",
-            description=STAGE_DOCS[stage],
+            description=row.doc,
             **opts, **extra,
         )
         subscribers[stage] = sub
     _register_handlers(subscribers, owner)
 
     publishers = {
-        stage: broker.publisher(
-            Topic(topics.stage(stage), declare=False), title=f"{topics.stage(stage)}:publish",
-            schema=RetrieveCommand if stage == "retrieve" else StageCommand,
+        row.name: broker.publisher(
+            Topic(topics.stage(row.name), declare=False), title=f"{topics.stage(row.name)}:publish",
+            schema=command_schema(row),
             description=("Produced by `grandrounds submit`: one RunStart, then the cases in order, keyed by run id."
-                         if stage == "retrieve" else
-                         f"Produced by the worker once the previous stage's events are committed: run {stage}."),
+                         if row.intake else
+                         f"Produced by the worker once the previous stage's events are committed: run {row.name}."),
         )
-        for stage in STAGES
+        for row in STAGE_TABLE
     }
     publishers["changelog"] = broker.publisher(
         Topic(topics.changelog, declare=False), title=f"{topics.changelog}:publish", schema=ChangelogBatch,
@@ -225,31 +222,26 @@ that argument with a synchronous context lookup, which fast_depends runs on a th
 a thread hop per message that cost more than the rest of FastStream's handling."""
 
 
+def command_schema(row: StageDef) -> type:
+    """The message model of a stage's topic: the intake carries a run's RunStart and cases, every other
+    stage the worker's own `StageCommand`."""
+    return RetrieveCommand if row.intake else StageCommand
+
+
 def _register_handlers(subscribers: dict, owner: "KafkaWorkerApp | None") -> None:
-    async def _accept(stage: str, body: Any) -> None:
+    for row in STAGE_TABLE:
+        subscribers[row.name](_stage_handler(row.name, command_schema(row), owner))
+
+
+def _stage_handler(stage: str, schema: type, owner: "KafkaWorkerApp | None"):
+    """The subscriber's handler of one stage topic. FastStream validates each body against the handler's
+    annotation, so it is the stage's message model (bound here: this module does not postpone annotations)."""
+    async def handle(body: schema) -> None:  # type: ignore[valid-type]
         if owner is not None and owner.worker is not None:
             await owner.worker.accept(stage, body, _RECORD.get())
 
-    @subscribers["retrieve"]
-    async def retrieve(body: RetrieveCommand) -> None:
-        """A run's RunStart or one of its cases."""
-        await _accept("retrieve", body)
-
-    @subscribers["act"]
-    async def act(body: StageCommand) -> None:
-        await _accept("act", body)
-
-    @subscribers["feedback"]
-    async def feedback(body: StageCommand) -> None:
-        await _accept("feedback", body)
-
-    @subscribers["reflect"]
-    async def reflect(body: StageCommand) -> None:
-        await _accept("reflect", body)
-
-    @subscribers["govern"]
-    async def govern(body: StageCommand) -> None:
-        await _accept("govern", body)
+    handle.__name__ = handle.__qualname__ = stage
+    return handle
 
 
 class KafkaWorkerApp:
@@ -287,9 +279,12 @@ class KafkaWorkerApp:
         s = self.settings
         if self._store is None:
             # Sealed only with a key file every worker of the group shares (GRANDROUNDS_KEYS): a run that
-            # moves to another worker must open there (README, "Patient data").
-            self._store = EventStore(s.db, codec=shared_codec())
-        if self._cache is None:
+            # moves to another worker must open there (README, "Patient data"). The store and embedder
+            # every session opens on (streams/session.py); each run is a Session over them (RunActor).
+            self._store, cache = open_store(s.db, codec=shared_codec())
+            if self._cache is None:
+                self._cache = cache
+        elif self._cache is None:
             self._cache = EmbeddingCache(shared_minilm(), self._store.conn)
         # on_startup hooks run before FastStream starts the subscribers: the group is joined later.
         if s.preload_embedder and hasattr(self._cache.embedder, "load"):
@@ -306,7 +301,7 @@ class KafkaWorkerApp:
         worker = KafkaWorker(self._store, self._cache, bootstrap=s.bootstrap, topics=self.topics,
                              group_id=s.group_id, worker_id=self.worker_id, partitions=partitions,
                              checkpoint_every=s.checkpoint_every, keep_step_log=s.keep_step_log,
-                             backbone_opts=s.backbone_opts, signing_key=s.signing_key)
+                             backbone_opts=s.backbone_opts, signing_key=s.signing_key, agent_name=s.agent_name)
         worker.publish_stage = self._publish_stage
         worker.publish_changelog = self._publish_changelog
         worker.publish_dead_letter = self._publish_dead_letter
@@ -386,7 +381,7 @@ def asyncapi_document(fmt: str = "json", version: str = "0.1.0") -> str:
 
     broker, _, _ = build_broker("localhost:9092", Topics(DEFAULT_PREFIX))
     spec = AsyncAPI(broker, title="grandrounds", version=version, schema_version="3.0.0",
-                    description="Streaming cases through retrieve → act → feedback → reflect → govern over "
+                    description=f"Streaming cases through {' → '.join(STAGES)} over "
                                 "Apache Kafka. Every message is keyed by run id; stage and changelog topics "
                                 "are co-partitioned.").to_specification()
     # FastStream lists channels in set order (varies per process): sort keys so the committed

@@ -42,16 +42,18 @@ from grandrounds.handlers.deidentify import Deidentifier
 from grandrounds.handlers.llm.errors import ModelOutage
 from grandrounds.handlers.llm.prefetch import PrefetchTransport
 from grandrounds.handlers.pipeline import CaseProgress, next_stage, run_stage
+from grandrounds.handlers.stages import STAGE_TABLE
 from grandrounds.store import event_types as ev
 from grandrounds.store.projection import MemoryProjection, copy_projection, projections_at
 
 log = logging.getLogger("grandrounds.lag")
 
-PINNED_STAGES = ("retrieve", "act")
-"""The stages that read the pinned memory version; the others learn on the live memory, in order."""
-AHEAD_STAGES = ("retrieve", "act", "feedback", "reflect")
-"""What the ahead pass runs (over the pinned memory, writing nothing). feedback and reflect are
-speculation: their replies are served only where the in-order pass, on the live memory, sends the
+PINNED_STAGES = tuple(s.name for s in STAGE_TABLE if s.pinned)
+"""The stages that read the pinned memory version (retrieve, act: the stage table's `pinned`); the others
+learn on the live memory, in order."""
+AHEAD_STAGES = tuple(s.name for s in STAGE_TABLE if s.ahead)
+"""What the ahead pass runs over the pinned memory, writing nothing (retrieve, act, feedback, reflect: the
+stage table's `ahead`). feedback and reflect are speculation: their replies are served only where the in-order pass, on the live memory, sends the
 very same request (a reflection prompt built from what the case was shown, say); else it asks live."""
 
 StageDone = Callable[[str], Awaitable[None]]

@@ -12,10 +12,11 @@ from __future__ import annotations
 import base64
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.runs import RunSpec
+from grandrounds.store.events import stored_columns
 
 
 class _Message(BaseModel):
@@ -53,17 +54,12 @@ class StageCommand(_Message):
     case_id: str = Field(min_length=1)
 
 
-class ChangelogEvent(_Message):
-    """One stored event, exactly as the writer's DuckDB holds it (chain hash included)."""
-
-    seq: int
-    type: str
-    schema_version: int
-    case_id: str | None
-    causation_seq: int | None
-    payload: dict[str, Any]
-    meta: dict[str, Any]
-    chain: str
+ChangelogEvent = create_model(
+    "ChangelogEvent", __base__=_Message, __module__=__name__,
+    __doc__="One stored event, exactly as the writer's DuckDB holds it (chain hash included).",
+    # The stored event's own columns (the run id is the batch's): the message follows the store's row.
+    **{name: (type_, ...) for name, type_ in stored_columns().items() if name != "run_id"},
+)
 
 
 class ChangelogBatch(_Message):

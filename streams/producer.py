@@ -79,7 +79,7 @@ async def submit_runs(bootstrap: str, runs: Sequence[tuple[str, RunSpec, Sequenc
     dlq = await _end_offsets(bootstrap, topics.dead_letter)
     broker = KafkaBroker(bootstrap, acks="all", enable_idempotence=True, client_id="grandrounds-submit",
                          log_level=logging.DEBUG, logger=logging.getLogger("grandrounds.faststream"))
-    topic = topics.stage("retrieve")
+    topic = topics.intake
     out = []
     async with broker:
         await broker.connect()
@@ -166,7 +166,7 @@ async def follow_runs(bootstrap: str, submitted: Sequence[Submitted], store: Eve
                                    f"(cases done: {left}); is a worker running on this broker?")
             if on_stall is not None and now - last_progress > stall_after:
                 on_stall(f"no case completed in the last {now - last_progress:.0f}s ({len(open_runs)} run(s) "
-                         f"open); waiting for a worker on topics {topics.stage('retrieve')}…")
+                         f"open); waiting for a worker on topics {topics.intake}…")
                 last_progress = now
             batches = await consumer.getmany(timeout_ms=500, max_records=2000)
             for tp, records in batches.items():

@@ -11,6 +11,11 @@ A session owns the backbone it builds and the loop-bound resources of the enviro
 environment itself (a FHIR sandbox, a process) stays with whoever opened it, since one environment
 serves several runs of a replay. The store is the session's to close only when the session opened it
 (`Session.open_file`); the embedding cache's new vectors are flushed when it closes.
+
+The Kafka worker (streams/kafka_worker/) hosts many runs on one store: it opens the store and embedder
+with `open_store`, as `open_file` does, and each run it takes up as a `Session` over them (`RunActor`),
+whose backbone it closes (`aclose`) when it drops the run's state; it drives the run one stage per
+message instead of through the session's embedded runner.
 """
 
 from __future__ import annotations
@@ -29,6 +34,17 @@ from grandrounds.store.event_types import CaseCompleted, CaseReceived, MemoryRet
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.vector_index import single_threaded_blas
 from grandrounds.streams.embedded import CommitMode, EmbeddedRunner, GroupCommit, Progress
+
+
+def open_store(db: str | Path, codec: Any = "auto") -> tuple[EventStore, EmbeddingCache]:
+    """A DuckDB file and, over it, this machine's shared embedder (the model loads on first use): what the
+    sessions of a process run on. `codec`: as `EventStore` takes it ("auto": the file's own key file)."""
+    store = EventStore(str(db), codec=codec)
+    try:
+        return store, EmbeddingCache(shared_minilm(), store.conn)
+    except BaseException:
+        store.close()
+        raise
 
 
 @dataclass(frozen=True)
@@ -77,9 +93,8 @@ class Session:
     @classmethod
     def open_file(cls, db: str | Path, run_id: str, spec: RunSpec, **options: Any) -> "Session":
         """A session on a DuckDB file it opens (and closes), with this machine's shared embedder."""
-        store = EventStore(str(db))
+        store, cache = open_store(db)
         try:
-            cache = EmbeddingCache(shared_minilm(), store.conn)
             return cls.open(store, cache, run_id, spec, owns_store=True, **options)
         except BaseException:
             store.close()

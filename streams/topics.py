@@ -1,8 +1,9 @@
 """Topic layout of the Kafka transport, broker URLs, and the run → partition mapping.
 
-Five stage topics (retrieve, act, feedback, reflect, govern), a changelog and a dead-letter
-topic. Every message is keyed by run id and every keyed topic has the same partition count,
-so Kafka's default partitioner puts a run in the same partition number everywhere: partition
+A topic per stage of the stage table (handlers/stages.py: retrieve, act, feedback, reflect, govern;
+the first, the intake, carries each run's RunStart and cases), a changelog and a dead-letter topic.
+Every message is keyed by run id and every keyed topic has the same partition count, so Kafka's
+default partitioner puts a run in the same partition number everywhere: partition
 p of the stage topics and partition p of the changelog hold the same runs. That is what lets
 one worker own a run outright (DESIGN §4).
 """
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 
 from aiokafka.partitioner import murmur2
 
-from grandrounds.handlers.stages import STAGES
+from grandrounds.handlers.stages import INTAKE_STAGE, STAGE_TABLE, STAGES, stage_def  # noqa: F401  (STAGES re-exported)
 
 log = logging.getLogger("grandrounds.kafka")
 
@@ -49,7 +50,13 @@ class Topics:
     prefix: str = DEFAULT_PREFIX
 
     def stage(self, stage: str) -> str:
-        return f"{self.prefix}{stage}"
+        """The topic stage `stage` consumes (the stage table's `topic`, under the prefix)."""
+        return f"{self.prefix}{stage_def(stage).topic}"
+
+    @property
+    def intake(self) -> str:
+        """The topic a run enters by: its RunStart, then its cases (the stage table's intake stage)."""
+        return self.stage(INTAKE_STAGE)
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -69,7 +76,11 @@ class Topics:
         return (*self.stages, self.changelog)
 
     def stage_of(self, topic: str) -> str:
-        return topic[len(self.prefix):]
+        """The stage that consumes `topic` (one of `stages`)."""
+        return _STAGE_OF_TOPIC[topic[len(self.prefix):]]
+
+
+_STAGE_OF_TOPIC = {s.topic: s.name for s in STAGE_TABLE}
 
 
 def partition_for(run_id: str, partitions: int) -> int:

@@ -31,6 +31,7 @@ POLICIES = {
     "selsm": 'name = "selsm"\n',
     "retrosum": 'name = "retrosum"\n',
     "precedent": 'name = "precedent"\n',
+    "long-context": 'name = "long-context"\n',
 }
 """The memory policies; skemex distils every case (window 1, no buffer gating), so it writes skills at all
 on a 34-case stream."""

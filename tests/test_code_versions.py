@@ -58,8 +58,8 @@ def test_a_log_recorded_before_versions_re_executes_identically():
     with EventStore(":memory:") as store:
         store.import_events(events)
         result = verify_run(store, events[0].run_id, EmbeddingCache(shared_minilm(), store.conn))
-    assert result["identical"] and result["ok"]
-    assert result["code_versions"]["recorded"] is None and result["code_versions"]["differences"]
+    assert result.identical and result.ok
+    assert result.code_versions["recorded"] is None and result.code_versions["differences"]
 
 
 LEGACY_FLOAT = Path(__file__).resolve().parent / "golden" / "legacy" / "evo-medagent-stages-v1.jsonl"
@@ -77,5 +77,5 @@ def test_a_log_of_the_float_arithmetic_keeps_its_chain_and_is_named_not_re_execu
         store.import_events(events)
         assert store.check_chain(events[0].run_id).break_seq is None
         result = verify_run(store, events[0].run_id, EmbeddingCache(shared_minilm(), store.conn))
-    assert result["chain_intact"] and not result["identical"]
-    assert "retrieve: recorded by version 1, this build is 2" in " ".join(result["reasons"])
+    assert result.chain_intact and not result.identical
+    assert "retrieve: recorded by version 1, this build is 2" in " ".join(result.reasons)

@@ -229,13 +229,13 @@ def test_iter_reads_in_pages_with_the_same_rows_and_filters(tmp_path, monkeypatc
     """`iter` (replays, exports, the run summary's outcomes) reads `SCAN_PAGE` rows a query too: one
     ORDER BY over the whole selection sorted all of it at once (README "Flat memory"). Same rows, same
     order as one pass, with every filter, and rows appended while it reads are left out."""
-    from grandrounds.store import eventstore
+    from grandrounds.store import eventstore, recorder  # noqa: F401  (settings live on recorder)
 
     s = EventStore(tmp_path / "i.duckdb", codec=None)
     for i in range(0, 10, 2):
         s.append("r", [_received(i), _received(i + 1)], i - 1)
     s.append("other", [_received(0)], -1)
-    monkeypatch.setattr(eventstore, "SCAN_PAGE", 3)
+    monkeypatch.setattr(recorder, "SCAN_PAGE", 3)
     sql: list[tuple] = []
     s._root = _SqlSpy(s._root, sql)
 
@@ -261,11 +261,11 @@ def test_iter_reads_in_pages_with_the_same_rows_and_filters(tmp_path, monkeypatc
 def test_a_filtered_read_windows_over_the_span_of_its_rows_only(tmp_path, monkeypatch):
     """One case's events of a long run: its seqs' span is found first, then read in windows, rather than
     every window of the run being queried for the few rows of one case."""
-    from grandrounds.store import eventstore
+    from grandrounds.store import eventstore, recorder  # noqa: F401  (settings live on recorder)
 
     s = EventStore(tmp_path / "w.duckdb", codec=None)
     s.append("r", [_received(i) for i in range(40)], -1)
-    monkeypatch.setattr(eventstore, "SCAN_PAGE", 3)
+    monkeypatch.setattr(recorder, "SCAN_PAGE", 3)
     sql: list[tuple] = []
     s._root = _SqlSpy(s._root, sql)
     assert [e.seq for e in s.iter("r", case_id="c31")] == [31]
@@ -282,7 +282,7 @@ def test_whole_run_reads_go_in_pages_with_the_same_results(tmp_path, monkeypatch
     pass over the rows gives, across page boundaries, with `upto_seq`, and on a damaged log."""
     import hashlib
 
-    from grandrounds.store import eventstore
+    from grandrounds.store import eventstore, recorder  # noqa: F401  (settings live on recorder)
 
     s = EventStore(tmp_path / "p.duckdb", codec=None)
     for i in range(0, 10, 2):
@@ -296,7 +296,7 @@ def test_whole_run_reads_go_in_pages_with_the_same_results(tmp_path, monkeypatch
         return h.hexdigest()
 
     want = {upto: by_hand(upto) for upto in (9, 4, 5)}
-    monkeypatch.setattr(eventstore, "SCAN_PAGE", 3)
+    monkeypatch.setattr(recorder, "SCAN_PAGE", 3)
     sql: list[tuple] = []
     s._root = _SqlSpy(s._root, sql)
     assert s.fingerprint("r") == want[9]

@@ -244,13 +244,13 @@ def _forty_cases_in_groups_of_4(store):
 
 
 def test_runs_trim_duckdbs_cache_as_they_go(tmp_path, monkeypatch):
-    from grandrounds.store import eventstore
+    from grandrounds.store import eventstore, recorder  # noqa: F401  (settings live on recorder)
     from grandrounds.store.eventstore import EventStore
     import grandrounds.streams.embedded as embedded
 
     monkeypatch.setattr(embedded, "TRIM_EVERY", 8)
-    monkeypatch.setattr(eventstore, "SCAN_PAGE", 4)
-    monkeypatch.setattr(eventstore, "TRIM_SCAN_PAGES", 2)
+    monkeypatch.setattr(recorder, "SCAN_PAGE", 4)
+    monkeypatch.setattr(recorder, "TRIM_SCAN_PAGES", 2)
     trims: list[bool] = []  # whether each trim came from a whole-run read
     monkeypatch.setattr(EventStore, "trim_cache", lambda self: trims.append(self.trim_scans))
     with EventStore(tmp_path / "r.duckdb") as store:
@@ -268,7 +268,7 @@ def _wal_bytes(path) -> int:
 
 
 def test_bounded_checkpoint_moves_the_wal_into_the_file_under_a_limit_and_restores_it(tmp_path, monkeypatch):
-    from grandrounds.store import eventstore
+    from grandrounds.store import eventstore, recorder  # noqa: F401  (settings live on recorder)
     from grandrounds.store.dbsettings import SETTINGS_ENV
     from grandrounds.store.eventstore import EventStore
     from grandrounds.store.events import NewEvent
@@ -291,18 +291,18 @@ def test_bounded_checkpoint_moves_the_wal_into_the_file_under_a_limit_and_restor
         before = store.conn.execute("SELECT current_setting('memory_limit')").fetchone()[0]
         assert _wal_bytes(db) > 0
         assert store.checkpoint_if_due() is False and _wal_bytes(db) > 0  # far below CHECKPOINT_AT
-        monkeypatch.setattr(eventstore, "CHECKPOINT_AT", 1)
+        monkeypatch.setattr(recorder, "CHECKPOINT_AT", 1)
         store._root = Spy()
         assert store.checkpoint_if_due() is True
         store._root = real.__self__
         assert _wal_bytes(db) == 0  # in the file now
-        assert limits[0] == f"SET memory_limit = '{eventstore.CHECKPOINT_MEMORY}'" and "RESET" in limits[-1]
+        assert limits[0] == f"SET memory_limit = '{recorder.CHECKPOINT_MEMORY}'" and "RESET" in limits[-1]
         assert store.conn.execute("SELECT current_setting('memory_limit')").fetchone()[0] == before
         assert store.fingerprint("r") == fp and store.verify_chain("r") is None
 
 
 def test_no_bounded_checkpoint_while_a_large_value_is_pending(tmp_path, monkeypatch):
-    from grandrounds.store import eventstore
+    from grandrounds.store import eventstore, recorder  # noqa: F401  (settings live on recorder)
     from grandrounds.store.dbsettings import SETTINGS_ENV
     from grandrounds.store.eventstore import EventStore
     from grandrounds.store.events import NewEvent
@@ -315,7 +315,7 @@ def test_no_bounded_checkpoint_while_a_large_value_is_pending(tmp_path, monkeypa
         before = store.conn.execute("SELECT current_setting('memory_limit')").fetchone()[0]
         # a memory checkpoint blob above LARGE_VALUE is pending: a checkpoint must pin it whole, and one
         # that cannot is fatal to the database, so DuckDB's own checkpoint (at its usual limit) takes it
-        store.note_written(eventstore.LARGE_VALUE + 1)
+        store.note_written(recorder.LARGE_VALUE + 1)
         limits: list[str] = []
         real = store._root.execute
 
@@ -336,10 +336,10 @@ def test_no_bounded_checkpoint_while_a_large_value_is_pending(tmp_path, monkeypa
 
 
 def test_a_run_takes_duckdbs_checkpoints_itself(tmp_path, monkeypatch):
-    from grandrounds.store import eventstore
+    from grandrounds.store import eventstore, recorder  # noqa: F401  (settings live on recorder)
     from grandrounds.store.eventstore import EventStore
 
-    monkeypatch.setattr(eventstore, "CHECKPOINT_AT", 20_000)  # a few groups' worth of WAL
+    monkeypatch.setattr(recorder, "CHECKPOINT_AT", 20_000)  # a few groups' worth of WAL
     ran: list[bool] = []
     real = EventStore.checkpoint_bounded
     monkeypatch.setattr(EventStore, "checkpoint_bounded", lambda self: ran.append(real(self)) or ran[-1])
@@ -381,14 +381,14 @@ def test_a_wal_left_by_another_process_is_checkpointed_at_the_usual_limit(tmp_pa
 def test_whole_run_reads_page_under_a_bound_and_read_a_page_too_big_for_it_again(tmp_path, monkeypatch):
     import duckdb
 
-    from grandrounds.store import eventstore
+    from grandrounds.store import eventstore, recorder  # noqa: F401  (settings live on recorder)
     from grandrounds.store.dbsettings import SETTINGS_ENV
     from grandrounds.store.eventstore import EventStore
     from grandrounds.store.events import NewEvent
     from grandrounds.store.llm_events import CaseFailed
 
     monkeypatch.delenv(SETTINGS_ENV, raising=False)
-    monkeypatch.setattr(eventstore, "SCAN_PAGE", 8)
+    monkeypatch.setattr(recorder, "SCAN_PAGE", 8)
     with EventStore(tmp_path / "s.duckdb", codec=None) as store:
         big = "x" * 400_000  # 8 of these in one page's top-N: more than the bound set below
         store.append("r", [NewEvent(CaseFailed(stage="act", reason=f"{i} {big}"), case_id=f"c{i}")
@@ -418,11 +418,11 @@ def test_whole_run_reads_page_under_a_bound_and_read_a_page_too_big_for_it_again
         real_scan = EventStore._scan_page
         monkeypatch.setattr(EventStore, "_scan_page", lambda self, cur, q, a: real_scan(self, Cursor(cur), q, a))
         store.trim_scans = True
-        monkeypatch.setattr(eventstore, "TRIM_TO", "2MB")
+        monkeypatch.setattr(recorder, "TRIM_TO", "2MB")
         assert store.fingerprint("r") == fp  # the same rows, whether read bounded or again
         assert any(a.startswith("oom at") for a in attempts), attempts  # a page too big for 2 MB ...
         assert any(a.startswith("ok at") and "2.0 MiB" not in a for a in attempts), attempts  # ... read again
-        monkeypatch.setattr(eventstore, "TRIM_TO", "64MB")
+        monkeypatch.setattr(recorder, "TRIM_TO", "64MB")
         attempts.clear()
         assert store.fingerprint("r") == fp
         assert attempts and all(a == "ok at 61.0 MiB" for a in attempts), attempts  # every page bounded

@@ -77,10 +77,10 @@ def test_a_golden_log_re_executes_to_the_identical_fingerprint(path):
         store.import_events(events)  # checks every chain hash of the file
         run_id = events[0].run_id
         result = verify_run(store, run_id, EmbeddingCache(shared_minilm(), store.conn))
-    assert result["complete"] and result["chain_intact"]
-    assert result["first_divergence"] is None, result["first_divergence"]
-    assert result["replayed_fingerprint"] == result["fingerprint"]
-    assert result["replayed_from_record"] == (path.stem in MODEL_RUNS)  # a model run: no server, its record
+    assert result.complete and result.chain_intact
+    assert result.first_divergence is None, result.first_divergence
+    assert result.replayed_fingerprint == result.fingerprint
+    assert result.replayed_from_record == (path.stem in MODEL_RUNS)  # a model run: no server, its record
 
 
 @pytest.mark.parametrize("name", ["none", pytest.param("model-evo-medagent", marks=pytest.mark.slow),
@@ -96,4 +96,4 @@ def test_a_tampered_golden_log_does_not_verify(name):
         store.conn.execute("UPDATE events SET payload = json_merge_patch(payload, ?) WHERE run_id = ? AND seq = ?",
                            ['{"source": "forged"}', answer.run_id, answer.seq])
         result = verify_run(store, answer.run_id, EmbeddingCache(shared_minilm(), store.conn))
-    assert not result["identical"] and result["first_divergence"]["seq"] == answer.seq
+    assert not result.identical and result.first_divergence.seq == answer.seq

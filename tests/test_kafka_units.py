@@ -238,6 +238,7 @@ async def test_worker_loads_the_embedding_model_before_it_joins_its_group(tmp_pa
     """`grandrounds worker` loads MiniLM during start-up, before topics are ensured and the
     consumers join: a cold load inside the first case would block the loop past the heartbeat."""
     import grandrounds.streams.kafka_app as kafka_app
+    import grandrounds.streams.session as session
 
     class Embedder:
         name, dim, machine_cacheable, loaded = "fake", 4, False, False
@@ -255,7 +256,7 @@ async def test_worker_loads_the_embedding_model_before_it_joins_its_group(tmp_pa
         raise Joined
 
     embedder = Embedder()
-    monkeypatch.setattr(kafka_app, "shared_minilm", lambda: embedder)
+    monkeypatch.setattr(session, "shared_minilm", lambda: embedder)  # the worker opens its store as every session
     monkeypatch.setattr(kafka_app, "ensure_topics", ensure_topics)
     for preload in (False, True):
         app = kafka_app.KafkaWorkerApp(kafka_app.WorkerSettings("127.0.0.1:1", db=str(tmp_path / f"w{preload}.duckdb"),
@@ -264,3 +265,59 @@ async def test_worker_loads_the_embedding_model_before_it_joins_its_group(tmp_pa
             await app._startup()
         app.store.close()
     assert seen == [False, True]
+
+
+def test_a_worker_takes_agent_runs_of_its_own_agent_only():
+    """`worker --agent REF --model NAME`: a run of the agent backbone is answered only by the agent it names
+    (its spec's model); anything else is refused before the run is opened, never answered by another agent."""
+    from grandrounds.handlers.backbones import BackboneUnavailable
+    from grandrounds.handlers.policies.config import EvoMedAgentPolicy
+    from grandrounds.handlers.runs import RunSpec
+
+    sim_run = RunSpec(policy=EvoMedAgentPolicy())
+    agent_run = sim_run.model_copy(update={"backbone": "agent", "model": "ward-agent"})
+    mine = KafkaWorker(None, None, bootstrap="127.0.0.1:9", topics=Topics("t."), group_id="g", worker_id="w",
+                       partitions=1, agent_name="ward-agent")
+    none = KafkaWorker(None, None, bootstrap="127.0.0.1:9", topics=Topics("t."), group_id="g", worker_id="w",
+                       partitions=1)
+    try:
+        mine.check_backbone("r", agent_run)
+        mine.check_backbone("r", sim_run)  # sim runs: no agent involved
+        none.check_backbone("r", sim_run)
+        with pytest.raises(BackboneUnavailable, match="this worker's agent is 'ward-agent'"):
+            mine.check_backbone("r", agent_run.model_copy(update={"model": "other-agent"}))
+        with pytest.raises(BackboneUnavailable, match="no agent .*--agent module:callable --model ward-agent"):
+            none.check_backbone("r", agent_run)
+    finally:
+        mine.committer.close()
+        none.committer.close()
+
+
+async def test_a_run_whose_state_is_dropped_has_its_session_closed():
+    """Each run is a `Session` (streams/session.py); when the worker drops a run's state (a revoke, a reload,
+    shutdown) the session's backbone is closed, and the worker's `close` waits for that."""
+    from grandrounds.streams.kafka_worker import RunActor
+
+    closed = []
+
+    class Session:
+        run_id = "r"
+        ctx = object()
+
+        async def aclose(self):
+            await asyncio.sleep(0.01)
+            closed.append(self)
+
+    w = KafkaWorker(None, None, bootstrap="127.0.0.1:9", topics=Topics("t."), group_id="g", worker_id="w",
+                    partitions=1)
+    actor, dropped = RunActor(w, "r", 0), RunActor(w, "s", 0)
+    first, second = Session(), Session()
+    actor._adopt(first)
+    dropped._adopt(second)
+    assert actor.ctx is first.ctx
+    actor.close(checkpoint=False)
+    dropped.reload()
+    assert actor.session is None and actor.ctx is None and dropped.session is None
+    await w.close()
+    assert closed == [first, second] or closed == [second, first]
+    assert not w._releasing

@@ -213,7 +213,7 @@ def test_a_recorded_log_verifies_identical_whatever_the_embedder_now_answers(pol
     with EventStore(":memory:") as store:
         store.import_events(events)
         result = verify_run(store, policy, EmbeddingCache(embedder(), store.conn, machine=None))
-    assert result["identical"] and result["ok"], result["reasons"]
+    assert result.identical and result.ok, result.reasons
 
 
 @pytest.mark.slow
@@ -229,7 +229,7 @@ def test_without_its_recorded_vectors_a_noisy_embedder_is_seen():
         store.conn.execute("UPDATE events SET payload = ? WHERE type = 'embeddings.recorded'",
                            ['{"model": "none", "vectors": []}'])
         result = verify_run(store, "evo-medagent", EmbeddingCache(_Shifted(), store.conn, machine=None))
-    assert not result["identical"]
+    assert not result.identical
     del StoredEvent
 
 
@@ -278,7 +278,7 @@ def test_the_readme_main_job_prints_the_readme_fingerprint_under_every_cpu_kerne
              "with EventStore(':memory:') as s:\n"
              "    s.import_events(events)\n"
              f"    r = verify_run(s, {run_id!r}, EmbeddingCache(shared_minilm(), s.conn))\n"
-             "print(json.dumps({'identical': r['identical'], 'reasons': r['reasons'],\n"
+             "print(json.dumps({'identical': r.identical, 'reasons': r.reasons,\n"
              "                  'torch': sys.modules.get('torch') is not None}))\n")
     for blocked in (False, True):
         # ... and, torch made unimportable, still verifies: every vector it needs is in its record.

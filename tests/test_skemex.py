@@ -368,7 +368,7 @@ def test_the_example_run_learns_and_verify_re_executes_it_identically(example_db
     assert summary["memory"]["skill_windows_closed"] == 2 and summary["memory"]["skills"]["active"] >= 20
     with EventStore(path) as store:
         res = verify_run(store, "skx", EmbeddingCache(shared_minilm(), store.conn))
-        assert res["identical"] and res["ok"], res["first_divergence"]
+        assert res.identical and res.ok, res.first_divergence
         assert len(_events(store, "skx", "skill.governed")) == 1  # 2 windows, governance every 2
 
 

@@ -234,8 +234,8 @@ def _verify(path: Path, run_id: str, key):
 def test_the_untouched_run_verifies_with_and_without_the_key(signed_db, tmp_path):
     for key in (None, KEY):
         out = _verify(signed_db, "r", key)
-        assert out["ok"] and out["identical"] and out["complete"] and out["chain_version"] == 2, out
-        assert out["signed_head"]["status"] == ("valid" if key else "not checked")
+        assert out.ok and out.identical and out.complete and out.chain_version == 2, out
+        assert out.signed_head.status == ("valid" if key else "not checked")
 
 
 @pytest.mark.parametrize("attack,run_id,without_key,with_key", ATTACKS, ids=[a[0].__name__ for a in ATTACKS])
@@ -243,13 +243,13 @@ def test_tamper_matrix(signed_db, tmp_path, attack, run_id, without_key, with_ke
     path = _tampered(signed_db, tmp_path, attack)
     plain = _verify(path, run_id, None)
     keyed = _verify(path, run_id, KEY)
-    assert (not plain["ok"]) is without_key, plain
-    assert not keyed["ok"] and with_key, keyed
+    assert (not plain.ok) is without_key, plain
+    assert not keyed.ok and with_key, keyed
     # A run that is not whole is never called identical, key or not.
-    if plain["complete"] is False:
-        assert not plain["identical"]
+    if plain.complete is False:
+        assert not plain.identical
     if not without_key:  # what only a signed head catches: the chain was recomputed
-        assert plain["chain_intact"] and keyed["signed_head"]["status"] in ("log differs", "absent")
+        assert plain.chain_intact and keyed.signed_head.status in ("log differs", "absent")
 
 
 @pytest.mark.parametrize("attack", INERT, ids=[a.__name__ for a in INERT])
@@ -257,7 +257,7 @@ def test_inert_edits_change_nothing_verify_relies_on(signed_db, tmp_path, attack
     path = _tampered(signed_db, tmp_path, attack)
     out = _verify(path, "r", KEY)
     # The chain hashes canonical JSON: re-spacing a payload changes neither the chain nor the signed head.
-    assert out["chain_intact"] and out["signed_head"]["status"] == "valid"
+    assert out.chain_intact and out.signed_head.status == "valid"
 
 
 def test_a_legacy_v1_run_still_verifies_and_says_so(tmp_path):
@@ -271,8 +271,8 @@ def test_a_legacy_v1_run_still_verifies_and_says_so(tmp_path):
     _rechain(con, "old", version=1)
     con.close()
     out = _verify(path, "old", None)
-    assert out["ok"] and out["chain_version"] == 1 and out["complete"] is None
-    assert any("chain v1" in w for w in out["warnings"]) and any("legacy run" in w for w in out["warnings"])
+    assert out.ok and out.chain_version == 1 and out.complete is None
+    assert any("chain v1" in w for w in out.warnings) and any("legacy run" in w for w in out.warnings)
 
 
 def test_cli_verify_exit_codes_and_key_sources(signed_db, tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from grandrounds.cli import main
 from grandrounds.handlers.cases import load_cases
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
 from grandrounds.handlers.runs import RunSpec
-from grandrounds.replay.verify import REASON_ORDER, verify_run
+from grandrounds.replay.verify import REASON_ORDER, VerifyResult, verify_run
 from grandrounds.store.erasure import erase_subject
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.signing import SigningKey, sign_head
@@ -53,7 +53,7 @@ def _copy(sealed_db: Path, tmp_path: Path, edit=None) -> Path:
     return path
 
 
-def _verify(path: Path, key=None) -> dict:
+def _verify(path: Path, key=None) -> VerifyResult:
     with EventStore(path, read_only=True) as store:
         return verify_run(store, "r", make_cache(store), key=key)
 
@@ -87,14 +87,14 @@ def delete_middle_event_and_renumber(con):
     _rechain(con)
 
 
-def _assert_not_called_erased(out: dict) -> None:
-    assert "erased" not in out["reason_codes"] and not out.get("erased_cases"), out
-    assert not any("grandrounds erase" in r or "was erased" in r for r in out["reasons"]), out["reasons"]
+def _assert_not_called_erased(out: VerifyResult) -> None:
+    assert "erased" not in out.reason_codes and not out.erased_cases, out
+    assert not any("grandrounds erase" in r or "was erased" in r for r in out.reasons), out.reasons
 
 
 def test_the_untouched_run_has_no_reason(sealed_db):
     out = _verify(sealed_db, KEY)
-    assert out["ok"] and out["reason"] is None and out["reason_codes"] == [], out
+    assert out.ok and out.reason is None and out.reason_codes == (), out
 
 
 @pytest.mark.parametrize("edit,chain_intact", [(flip_ciphertext_byte, False), (flip_ciphertext_byte_and_rechain, True),
@@ -102,9 +102,9 @@ def test_the_untouched_run_has_no_reason(sealed_db):
                          ids=lambda v: getattr(v, "__name__", str(v)))
 def test_a_sealed_row_edited_or_moved_is_tampering_not_an_erasure(sealed_db, tmp_path, edit, chain_intact):
     out = _verify(_copy(sealed_db, tmp_path, edit))
-    assert not out["ok"] and out["chain_intact"] is chain_intact, out
-    assert "ciphertext_tampered" in out["reason_codes"] and out["unreadable_seqs"]["ciphertext_tampered"], out
-    assert out["reason"] == ("ciphertext_tampered" if chain_intact else "chain_broken"), out
+    assert not out.ok and out.chain_intact is chain_intact, out
+    assert "ciphertext_tampered" in out.reason_codes and out.unreadable_seqs["ciphertext_tampered"], out
+    assert out.reason == ("ciphertext_tampered" if chain_intact else "chain_broken"), out
     _assert_not_called_erased(out)
 
 
@@ -122,8 +122,8 @@ def test_a_subject_key_missing_from_the_key_file_is_key_missing(sealed_db, tmp_p
     dropped = next(i for i, line in enumerate(lines) if '"ref"' in line)
     keys.write_text("".join(lines[:dropped] + lines[dropped + 1:]))  # a key file that lost a line
     out = _verify(path)
-    assert out["reason"] == "key_missing" and out["reason_codes"] == ["key_missing"], out
-    assert str(keys) in out["reasons"][0]
+    assert out.reason == "key_missing" and out.reason_codes == ("key_missing",), out
+    assert str(keys) in out.reasons[0]
     _assert_not_called_erased(out)
 
 
@@ -133,8 +133,8 @@ def test_an_erased_subject_is_erased(sealed_db, tmp_path):
         first = store.read("r", upto_seq=5)[1].case_id
         erase_subject(store, f"case:{first}")
     out = _verify(path)
-    assert out["reason"] == "erased" and out["reason_codes"] == ["erased"] and out["erased_cases"] == [first], out
-    assert out["fingerprint"] is not None  # the one recorded at the erasure
+    assert out.reason == "erased" and out.reason_codes == ("erased",) and out.erased_cases == (first,), out
+    assert out.fingerprint is not None  # the one recorded at the erasure
 
 
 @pytest.mark.parametrize("edit,code", [(edit_meta, "chain_broken"), (edit_payload_and_rechain, "diverged"),
@@ -142,17 +142,17 @@ def test_an_erased_subject_is_erased(sealed_db, tmp_path):
                          ids=["chain_broken", "diverged", "incomplete"])
 def test_chain_divergence_and_incomplete_each_have_their_code(sealed_db, tmp_path, edit, code):
     out = _verify(_copy(sealed_db, tmp_path, edit))
-    assert out["reason"] == code and code in out["reason_codes"], out
+    assert out.reason == code and code in out.reason_codes, out
     _assert_not_called_erased(out)
 
 
 def test_signed_head_faults_have_their_codes(sealed_db, tmp_path):
     path = _copy(sealed_db, tmp_path, lambda con: con.execute("DELETE FROM signed_heads"))
-    assert _verify(path, KEY)["reason"] == "head_absent"
+    assert _verify(path, KEY).reason == "head_absent"
     path = _copy(sealed_db, tmp_path)
     with EventStore(path) as store:
         sign_head(store, "r", OTHER_KEY, force=True)
-    assert _verify(path, KEY)["reason"] == "head_other_key"
+    assert _verify(path, KEY).reason == "head_other_key"
     path = _copy(sealed_db, tmp_path, delete_last_case)
     _rechain_path = duckdb.connect(str(path))
     try:
@@ -160,7 +160,7 @@ def test_signed_head_faults_have_their_codes(sealed_db, tmp_path):
     finally:
         _rechain_path.close()
     out = _verify(path, KEY)
-    assert "head_mismatch" in out["reason_codes"], out
+    assert "head_mismatch" in out.reason_codes, out
 
 
 def test_every_code_is_documented():

@@ -90,9 +90,9 @@ def test_the_replay_process_checkpoints_each_workers_run_as_it_imports_it(db_cop
     """A worker's run lands in the file's WAL (~30 MB for 2,500 cases); left there, DuckDB checkpointed it
     at a later import or at close, after the last worker had finished. The replay process now
     checkpoints after each import (when the WAL is due), while the other workers still run."""
-    from grandrounds.store import eventstore
+    from grandrounds.store import eventstore, recorder  # noqa: F401  (settings live on recorder)
 
-    monkeypatch.setattr(eventstore, "CHECKPOINT_AT", 1)  # every import is due (a test run's WAL is small)
+    monkeypatch.setattr(recorder, "CHECKPOINT_AT", 1)  # every import is due (a test run's WAL is small)
     wal_after_import: list[int] = []
     real = EventStore.checkpoint_bounded
 

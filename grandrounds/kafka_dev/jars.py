@@ -91,11 +91,8 @@ def kafka_version() -> str:
 
 
 def _sha1(path: Path) -> str:
-    h = hashlib.sha1()
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha1").hexdigest()  # streamed, never the whole jar in memory
 
 
 def _get(url: str, timeout: float) -> bytes:

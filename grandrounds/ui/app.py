@@ -12,6 +12,7 @@ import contextlib
 import re
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
@@ -25,6 +26,9 @@ from grandrounds.replay.audit_common import AuditInputError, short
 from grandrounds.replay.caselog import UnknownRun
 from grandrounds.store.eventstore import EventStore
 from grandrounds.ui import pages
+
+if TYPE_CHECKING:  # loaded on the first verify request only (it brings in re-execution)
+    from grandrounds.replay.verify import VerifyResult
 
 INPUT_ERRORS = (AuditInputError, UnknownRun)
 
@@ -71,7 +75,7 @@ class ViewApp:
         self.db = str(db)
         self.store = EventStore(self.db, read_only=True)
         self.env = _templates()
-        self.verified: dict[str, dict] = {}
+        self.verified: dict[str, VerifyResult] = {}
         self._verify_lock = threading.Lock()
 
     def page(self, name: str, status: int = 200, **ctx) -> HTMLResponse:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import TYPE_CHECKING
 
 from grandrounds.replay.audit_common import case_indexes
 from grandrounds.replay.audit_diff import diff_points
@@ -20,15 +21,18 @@ from grandrounds.replay.stats import outcomes_of
 from grandrounds.store.eventstore import EventStore
 from grandrounds.ui import svg
 
+if TYPE_CHECKING:  # the verify module is loaded on the first verify request only (it brings in re-execution)
+    from grandrounds.replay.verify import VerifyResult
+
 SIM_NOTE = "sim backbone: an offline simulator for tests and demos; its accuracy is not a clinical measure"
 _REPLAY_SUFFIX = re.compile(r"-(perm\d+-s\d+|original)$")
 
 
-def runs_page(store: EventStore, verified: dict[str, dict]) -> dict:
+def runs_page(store: EventStore, verified: dict[str, VerifyResult]) -> dict:
     rows = overview(store)
     for r in rows:
         v = verified.get(r["run_id"])
-        r["reexecuted"] = None if v is None or v["fingerprint"] != r["fingerprint"] else v["ok"]
+        r["reexecuted"] = None if v is None or v.fingerprint != r["fingerprint"] else v.ok
     return {"runs": rows, "any_sim": any(r["backbone"] == "sim" for r in rows)}
 
 

@@ -34,7 +34,7 @@ from grandrounds.handlers.environments.medagentbench.trajectory import Message
 from grandrounds.handlers.llm.errors import LLMUnavailable
 from grandrounds.handlers.llm.gateway import LLMGateway
 from grandrounds.handlers.llm.recorder import Recorder
-from grandrounds.handlers.policies.base import StepMemory, agent_state
+from grandrounds.handlers.agent.step_memory import StepMemory, recall_step
 from grandrounds.store.event_types import AgentStep
 
 Termination = Literal["completed", "invalid_action", "limit_reached", "error"]
@@ -61,8 +61,6 @@ async def run_official_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools
                                   functions_json: str, max_rounds: int = OFFICIAL_MAX_ROUNDS,
                                   memory_prefix: str = "", step_memory: StepMemory | None = None) -> OfficialRun:
     """`functions_json`: the function specs as the harness shows them (json.dumps of funcs_v1.json)."""
-    from grandrounds.handlers.agent.react import step_guidance
-
     messages = [{"role": "user", "content": official_prompt(view, tools.public_base, functions_json, memory_prefix)}]
     history: list[Message] = []
     tools.trajectory.history = history
@@ -70,12 +68,9 @@ async def run_official_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools
     transitions: list[tuple[str, str]] = []
     for rnd in range(1, max_rounds + 1):
         sent = messages
-        if step_memory is not None:  # SELSM: retrieval before every reply, recorded by id
-            items = step_memory(agent_state(view.question, transitions))
-            run.steps.append(AgentStep(kind="memory", content=",".join(i.item_id for i in items)))
-            shown = step_guidance(items)
-            if shown:
-                sent = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + shown}]
+        shown = recall_step(step_memory, view.question, transitions, run.steps)  # SELSM: before every reply
+        if shown:
+            sent = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + shown}]
         try:
             reply = await gateway.complete(sent, recorder, f"fhir-round-{rnd}")
         except LLMUnavailable as exc:

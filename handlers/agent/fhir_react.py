@@ -21,14 +21,13 @@ from datetime import datetime
 from grandrounds.handlers.agent.actions import FHIR_SCHEMA_NAME, fhir_action_schema, parse_fhir_schema_turn, response_format
 from grandrounds.handlers.agent.guard import FINAL_NOTICE, HistoryTurn, render
 from grandrounds.handlers.agent.protocol import _TAG, Turn
-from grandrounds.handlers.agent.react import AgentConfig, step_guidance
-from grandrounds.handlers.backbones.base import CaseFailure
+from grandrounds.handlers.agent.react import AgentConfig, tool_step
 from grandrounds.handlers.cases import FhirCaseView
 from grandrounds.handlers.environments.medagentbench import NOW, TASK8_COMMENT, FhirTools, calculate_age, finish_payload
-from grandrounds.handlers.llm.errors import LLMUnavailable
+from grandrounds.handlers.llm.errors import CaseFailure, LLMUnavailable
 from grandrounds.handlers.llm.gateway import LLMGateway
 from grandrounds.handlers.llm.recorder import Recorder
-from grandrounds.handlers.policies.base import StepMemory, agent_state
+from grandrounds.handlers.agent.step_memory import StepMemory, agent_state, recall_step
 from grandrounds.store.event_types import AgentStep, AnswerGiven
 
 FHIR_SYSTEM = """You are an expert in using FHIR functions to assist medical professionals.
@@ -68,7 +67,7 @@ def functions_block(tools: FhirTools) -> str:
 def fhir_memory_block(prefix: str) -> str:
     """A policy's rendered memory without the MCQ base protocol it opens with (it asks for an option
     letter; the FHIR system prompt is the protocol here). Empty when nothing else is in memory."""
-    from grandrounds.handlers.policies.render import BASE_PROTOCOL
+    from grandrounds.handlers.agent.protocol import BASE_PROTOCOL
 
     head = f"## Protocol\n{BASE_PROTOCOL}"
     if prefix.startswith(head):
@@ -122,11 +121,7 @@ async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirToo
     steps: list[AgentStep] = []
     for step in range(1, cfg.max_steps + 1):
         final = step == cfg.max_steps
-        shown = ""
-        if step_memory is not None:  # SELSM: retrieval before every decision, recorded by id
-            items = step_memory(agent_state(view.question, transitions))
-            steps.append(AgentStep(kind="memory", content=",".join(i.item_id for i in items)))
-            shown = step_guidance(items)
+        shown = recall_step(step_memory, view.question, transitions, steps)  # SELSM: before every decision
         messages = [{**m, "content": m["content"].replace(FINAL_NOTICE, notice)}
                     for m in render(system, task + shown, history, step, final, cfg.guard)]
         allowed = [] if final else tools.names
@@ -148,8 +143,7 @@ async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirToo
             return AnswerGiven(answer=turn.answer, source="llm:schema" if schema else "llm", steps=steps)
         if turn.kind == "tool":
             observation = await tools.call(turn.tool, turn.arguments)
-            steps.append(AgentStep(kind="tool", content=json.dumps({"name": turn.tool, "arguments": turn.arguments},
-                                                                   sort_keys=True)))
+            steps.append(tool_step(turn))
             finding = not observation.startswith(("Error", "Invalid"))
             transitions.append((f"call {turn.tool}", observation))
         else:

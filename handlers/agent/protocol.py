@@ -12,6 +12,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
+BASE_PROTOCOL = (
+    "You are a clinical reasoning agent. Read the case, weigh the evidence, use tools only "
+    "as their governance label allows, and answer with exactly one option letter."
+)
+"""The first line of every memory prefix (handlers/policies/render.py) and of the FHIR agent's memory block."""
+
 _TAG = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL | re.IGNORECASE)
         for name in ("reasoning", "tool", "response")}
 _ANY_TAG = re.compile(r"</?(planning|reasoning|tool|response)>", re.IGNORECASE)

@@ -22,14 +22,13 @@ from grandrounds.handlers.agent.guard import FINAL_NOTICE, GuardConfig, HistoryT
 from grandrounds.handlers.agent.actions import SchemaTurn, mcq_action_schema, parse_schema_turn, response_format
 from grandrounds.handlers.agent.protocol import Turn, fallback_alignment, parse_turn
 from grandrounds.handlers.agent.retrosum import due, summarise
-from grandrounds.handlers.backbones.base import CaseFailure
 from grandrounds.handlers.cases import CaseView
-from grandrounds.handlers.llm.errors import LLMUnavailable
+from grandrounds.handlers.llm.errors import CaseFailure, LLMUnavailable
 from grandrounds.handlers.llm.gateway import LLMGateway
 from grandrounds.handlers.llm.recorder import Recorder
 from grandrounds.handlers.tools import ToolBox
-from grandrounds.handlers.policies.base import SUMMARISER, StepMemory, agent_state
-from grandrounds.store.event_types import AgentStep, AnswerGiven, MemoryItem, MemoryRetrieved, ToolCall
+from grandrounds.handlers.agent.step_memory import SUMMARISER, StepMemory, recall_step, step_guidance  # noqa: F401
+from grandrounds.store.event_types import AgentStep, AnswerGiven, MemoryRetrieved, ToolCall
 
 
 SYSTEM = """You are a clinical reasoning agent answering a multiple-choice case.
@@ -80,8 +79,9 @@ def tools_line(toolbox: ToolBox, memory: MemoryRetrieved, schema: bool = False) 
                      for n in toolbox.names)
 
 
-def step_guidance(items: list[MemoryItem]) -> str:
-    return "\n\n## Guidance for this step\n" + "\n".join(f"- {i.text}" for i in items) if items else ""
+def tool_step(turn: Turn) -> AgentStep:
+    """A tool turn as the trajectory records it (MCQ and FHIR loops): canonical JSON of name and arguments."""
+    return AgentStep(kind="tool", content=json.dumps({"name": turn.tool, "arguments": turn.arguments}, sort_keys=True))
 
 
 async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetrieved, toolbox: ToolBox,
@@ -102,11 +102,7 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
     summary: tuple[int, str] | None = None
     for step in range(1, cfg.max_steps + 1):
         final = step == cfg.max_steps
-        shown = ""
-        if step_memory is not None:  # SELSM: retrieval before every decision, recorded by id
-            items = step_memory(agent_state(view.question, transitions))
-            steps.append(AgentStep(kind="memory", content=",".join(i.item_id for i in items)))
-            shown = step_guidance(items)
+        shown = recall_step(step_memory, view.question, transitions, steps)  # SELSM: before every decision
         messages = render(system, task + shown, history, step, final, cfg.guard, summary)
         if schema and final:
             messages[-1] = {**messages[-1], "content": messages[-1]["content"].replace(FINAL_NOTICE, SCHEMA_FINAL_NOTICE)}
@@ -132,8 +128,7 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
             out = toolbox.call(turn.tool)
             observation = f"{turn.tool} -> {out if out else 'no result'}"
             outputs.append((turn.tool, out))
-            steps.append(AgentStep(kind="tool", content=json.dumps({"name": turn.tool, "arguments": turn.arguments},
-                                                                   sort_keys=True)))
+            steps.append(tool_step(turn))
             finding = out is not None
             transitions.append((f"call {turn.tool}", observation))
         else:

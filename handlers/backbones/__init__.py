@@ -1,14 +1,18 @@
 """Backbones: what acts and reflects. `sim` is offline and deterministic (tests, demos, benchmarks);
 `openai` calls any OpenAI-compatible endpoint; `record` serves a recorded run's exchanges; `agent` asks a
-user's own agent, its replies recorded as exchanges."""
+user's own agent, its replies recorded as exchanges. Others register through the `grandrounds.backbones`
+entry points (handlers/backbones/registry.py)."""
 
 from __future__ import annotations
 
+from grandrounds.handlers.backbones.registry import RecordedBackbones, known_backbones, registration
 from grandrounds.store.errors import InvalidInput
 
 BACKBONES = ("sim", "openai", "record", "agent")
-RECORDED_BACKBONES = ("openai", "record", "agent")
-"""Backbones whose replies are recorded exchanges: verify and replay serve them from the record."""
+"""The built-in backbones (`known_backbones()`: with those registered by entry points)."""
+RECORDED_BACKBONES = RecordedBackbones()
+"""Backbones whose replies are recorded exchanges: verify and replay serve them from the record
+(read from each registration's `recorded`)."""
 
 
 class BackboneUnavailable(InvalidInput, ValueError):
@@ -21,17 +25,9 @@ def make_backbone(name: str, model: str | None = None, **options):
     ('auto'|'schema'|'prompt'), recorded (RecordedExchanges: serve those instead of calling the
     model), live_fallthrough (bool).
     The sim backbone takes none and ignores them. agent: agent (the user's callable), recorded,
-    live_fallthrough (handlers/backbones/agent.py)."""
-    if name == "sim":
-        from grandrounds.handlers.backbones.sim import SimBackbone
-
-        return SimBackbone()
-    if name in ("openai", "record"):
-        from grandrounds.handlers.backbones.build import build_model_backbone
-
-        return build_model_backbone(name, model, **options)
-    if name == "agent":
-        from grandrounds.handlers.backbones.agent import build_agent_backbone
-
-        return build_agent_backbone(model, **options)
-    raise BackboneUnavailable(f"unknown backbone {name!r} (available: {', '.join(BACKBONES)})")
+    live_fallthrough (handlers/backbones/agent.py). A registered backbone: its factory's."""
+    try:
+        found = registration(name)
+    except KeyError:
+        raise BackboneUnavailable(f"unknown backbone {name!r} (available: {', '.join(known_backbones())})") from None
+    return found.build(name, model, **options)

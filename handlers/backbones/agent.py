@@ -250,11 +250,12 @@ def no_answer_reflection(case: Case) -> ReflectionRecorded:
                                 reason="corrective rule after no valid answer")])
 
 
-def build_agent_backbone(model: str | None, *, agent: AgentCallable | None = None,
+def build_agent_backbone(name: str, model: str | None, *, agent: AgentCallable | None = None,
                          recorded: RecordedExchanges | None = None, live_fallthrough: bool = False,
                          **_ignored: Any) -> AgentBackbone:
-    """`agent`: the callable (live). `recorded`: a run's replies served by request hash; with the agent
-    too and `live_fallthrough`, a request the record lacks asks the agent (a counterfactual replay)."""
+    """`name`: the registered name (`agent`). `agent`: the callable (live). `recorded`: a run's replies
+    served by request hash; with the agent too and `live_fallthrough`, a request the record lacks asks
+    the agent (a counterfactual replay)."""
     from grandrounds.handlers.backbones import BackboneUnavailable
 
     if not model:

@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-from grandrounds.store.errors import GrandroundsError
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from grandrounds.handlers.cases import Case, CaseView
-from grandrounds.handlers.llm.recorder import Recorder  # noqa: F401  (part of the protocol: see Backbone)
+# CaseFailure and records_exchanges live in handlers/llm (below handlers/agent and the policies, which raise
+# and ask them too); re-exported here, where the stages and other callers have always found them.
+from grandrounds.handlers.llm.errors import CaseFailure  # noqa: F401
+from grandrounds.handlers.llm.recorder import Recorder, records_exchanges  # noqa: F401  (Recorder: see Backbone)
 from grandrounds.handlers.tools import ToolBox
-from grandrounds.store.event_types import AgentStep, AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
-
-
-class CaseFailure(GrandroundsError):
-    """Raised by a backbone when a case cannot be completed (model unreachable after retries,
-    output unusable to the last step). The stage records it as `case.failed` with `steps`,
-    the trajectory so far, and memory is not written from the case."""
-
-    def __init__(self, reason: str, steps: list[AgentStep] | None = None,
-                 termination: Literal["invalid_action", "turn_limit", "error"] = "error"):
-        self.reason = reason
-        self.steps = list(steps or [])
-        self.termination = termination
-        """Why the episode ended without an answer: an invalid action (the official MedAgentBench
-        protocol ends there), the turn limit, or an error (a model unreachable, a failed summary)."""
-        super().__init__(reason)
+from grandrounds.store.event_types import AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded
 
 
 class Backbone(Protocol):
@@ -48,7 +35,3 @@ class Backbone(Protocol):
                       feedback: FeedbackRecorded) -> ReflectionRecorded:
         """After feedback (gold visible): a summary, a guideline and patch-style rule edits."""
         ...
-
-
-def records_exchanges(backbone: object) -> bool:
-    return bool(getattr(backbone, "records_exchanges", False))

@@ -52,11 +52,18 @@ that were shown to the agent. Write a short summary, one reusable guideline, and
 Rules must be general clinical knowledge, never mention this case's identifiers."""
 
 
+def review_parts(memory: MemoryRetrieved, answer: AnswerGiven, fb: FeedbackRecorded,
+                 step_chars: int | None = None) -> tuple[str, str, str]:
+    """What a reflection prompt shows of a case: the rules shown to the agent, its trajectory (each
+    step cut at `step_chars`; None: whole) and the verdict."""
+    rules = "\n".join(f"- {r.rule_id} [P{r.priority}] {r.text}" for r in memory.rules) or "(none)"
+    trace = "\n".join(f"{s.kind}: {s.content[:step_chars]}" for s in answer.steps)
+    return rules, trace, "correct" if fb.correct else "wrong"
+
+
 def reflection_prompt(case: Case, memory: MemoryRetrieved, answer: AnswerGiven, fb: FeedbackRecorded) -> str:
     options = "\n".join(f"{k}) {v}" for k, v in case.options.items())
-    rules = "\n".join(f"- {r.rule_id} [P{r.priority}] {r.text}" for r in memory.rules) or "(none)"
-    trace = "\n".join(f"{s.kind}: {s.content}" for s in answer.steps)
-    verdict = "correct" if fb.correct else "wrong"
+    rules, trace, verdict = review_parts(memory, answer, fb)
     return (f"## Case (category: {case.category})\n{case.question}\n\nOptions:\n{options}\n\n"
             f"## Rules shown to the agent\n{rules}\n\n## Agent trajectory\n{trace}\n\n"
             f"## Outcome\nAgent answered {stated_answer(answer.answer, case.options)}; correct answer: {case.answer}) "
@@ -78,9 +85,7 @@ def fhir_reflection_prompt(case: FhirCase, memory: MemoryRetrieved, answer: Answ
                            fb: FeedbackRecorded) -> str:
     from grandrounds.handlers.environments.medagentbench import REFERENCE_PATTERNS
 
-    rules = "\n".join(f"- {r.rule_id} [P{r.priority}] {r.text}" for r in memory.rules) or "(none)"
-    trace = "\n".join(f"{s.kind}: {s.content[:1500]}" for s in answer.steps)
-    verdict = "correct" if fb.correct else "wrong"
+    rules, trace, verdict = review_parts(memory, answer, fb, step_chars=1500)
     return (f"## FHIR task (type {case.task_type}, category: {case.category})\n{case.instruction}\n\n"
             f"## Context\n{case.context}\n\n## Rules shown to the agent\n{rules}\n\n"
             f"## Agent trajectory\n{trace}\n\n"
@@ -129,7 +134,7 @@ class OpenAIBackbone:
                        patient_recorder: Recorder | None = None, step_memory=None) -> AnswerGiven:
         """An AgentClinic OSCE case (`OsceTools`): the model doctor (each turn recorded, stage `act`), the
         run's memory as its memory block, against the model-played patient (stage `patient`)."""
-        from grandrounds.handlers.environments.osce_env import run_osce_act
+        from grandrounds.handlers.agent.osce_act import run_osce_act
 
         if recorder is None or patient_recorder is None:
             raise ValueError("the openai backbone records every exchange: the stage must pass recorders")

@@ -21,6 +21,8 @@ import numpy as np
 
 from grandrounds.handlers.cases import Case, CaseView, FhirCase, FhirCaseView
 from grandrounds.handlers.policies.base import agent_state
+# the sim reflector's rule wording lives with the policies that also write it (skemex); re-exported
+from grandrounds.handlers.policies.precedents import rule_text  # noqa: F401
 from grandrounds.handlers.text import content_tokens, key_terms, trigger_overlap
 from grandrounds.handlers.tools import ToolBox
 from grandrounds.store.event_types import (AgentStep, AnswerGiven, FeedbackRecorded, MemoryRetrieved,
@@ -44,8 +46,9 @@ def lexical_choice(view: CaseView, rng: np.random.Generator) -> tuple[str, int]:
     return tied[int(rng.integers(len(tied)))], best
 
 
-def rule_text(terms: list[str], option_text: str) -> str:
-    return f"If the presentation includes {', '.join(terms[:8])}: favour '{option_text}'."
+def build_sim_backbone(name: str = "sim", model: str | None = None, **_ignored) -> "SimBackbone":
+    """The registered factory (handlers/backbones/registry.py): the sim takes no options."""
+    return SimBackbone()
 
 
 class SimBackbone:
@@ -131,7 +134,7 @@ class SimBackbone:
     async def act_osce(self, view, memory: MemoryRetrieved, tools, step_memory=None) -> AnswerGiven:
         """An AgentClinic OSCE case through the environment's patient and measurement tool (`OsceTools`):
         the sim doctor, following a memory rule whose trigger matches what it heard."""
-        from grandrounds.handlers.environments.osce_env import run_osce_act
+        from grandrounds.handlers.agent.osce_act import run_osce_act
 
         return await run_osce_act(view, memory, tools)
 
@@ -140,9 +143,7 @@ class SimBackbone:
         if isinstance(case, FhirCase):
             return fhir_reflection(case, memory, answer, feedback)
         if getattr(case, "kind", None) == "osce":
-            from grandrounds.handlers.environments.osce_env import osce_reflection
-
-            return osce_reflection(case, memory, answer, feedback, rule_text)
+            return osce_reflection(case, memory, answer, feedback)
         gold_text = case.options[case.answer]
         terms = key_terms(case.question)
         summary = (f"[{case.category}] Answered {answer.answer} ('{case.options[answer.answer]}') via "
@@ -150,7 +151,7 @@ class SimBackbone:
         guideline = f"When a case presents with {', '.join(terms[:6])}, the answer is '{gold_text}'."
         new_text = rule_text(terms, gold_text)
         edits: list[RuleEditProposal] = []
-        followed = next((r for r in memory.rules if f"rule:{r.rule_id}" == answer.source), None)
+        followed = followed_rule(memory, answer)
         if followed is not None and not feedback.correct:
             overlap = trigger_overlap(followed.trigger, content_tokens(case.question))
             if overlap >= self.edit_overlap:
@@ -196,13 +197,44 @@ def fhir_reflection(case: FhirCase, memory: MemoryRetrieved, answer: AnswerGiven
     summary = (f"[{case.category}] {fhir_action_summary(answer)}, then FINISH({answer.answer}) via "
                f"{answer.source}: {verdict} ({feedback.gold}).")
     guideline = f"For tasks like '{' '.join(terms)}': {REFERENCE_PATTERNS[case.task_type]}."
-    followed = next((r for r in memory.rules if f"rule:{r.rule_id}" == answer.source), None)
-    edits: list[RuleEditProposal] = []
-    if followed is not None and not feedback.correct:
-        edits.append(RuleEditProposal(op="edit", rule_id=followed.rule_id, text=guideline, trigger=terms,
-                                      reason="rule was followed on this task template and the grader refused it"))
-    elif followed is None:
-        edits.append(RuleEditProposal(op="add", text=guideline, trigger=terms, priority=1 if feedback.correct else 0,
-                                      reason="consolidate a graded-correct action pattern" if feedback.correct
-                                      else "corrective rule after a wrong action"))
+    edits = rewrite_or_propose(followed_rule(memory, answer), feedback.correct, guideline, terms,
+                               misled="rule was followed on this task template and the grader refused it",
+                               consolidate="consolidate a graded-correct action pattern",
+                               corrective="corrective rule after a wrong action")
     return ReflectionRecorded(summary=summary, guideline=guideline, edits=edits)
+
+
+def osce_reflection(case, memory: MemoryRetrieved, answer: AnswerGiven, fb: FeedbackRecorded) -> ReflectionRecorded:
+    """An AgentClinic OSCE case (`OsceCase`): a rule linking the case's key findings to the correct diagnosis.
+    A followed rule that misled is rewritten; otherwise the rule is proposed (evo turns a
+    near-duplicate into an escalation)."""
+    from grandrounds.handlers.environments.osce_env import dialogue_summary, osce_terms
+
+    terms = osce_terms(case, answer)
+    verdict = "correct" if fb.correct else "wrong"
+    summary = (f"[{case.category}] {dialogue_summary(answer)}; diagnosed '{answer.answer}' via {answer.source}: "
+               f"{verdict} (correct: '{case.correct_diagnosis}').")
+    guideline = f"When the presentation includes {', '.join(terms)}, consider '{case.correct_diagnosis}'."
+    edits = rewrite_or_propose(followed_rule(memory, answer), fb.correct, rule_text(terms, case.correct_diagnosis),
+                               terms, misled="rule was followed on this presentation and the diagnosis was wrong",
+                               consolidate="consolidate a correct diagnosis",
+                               corrective="corrective rule after a wrong diagnosis")
+    return ReflectionRecorded(summary=summary, guideline=guideline, edits=edits)
+
+
+def followed_rule(memory: MemoryRetrieved, answer: AnswerGiven):
+    """The retrieved rule the answer followed (its `source` names it), or None."""
+    return next((r for r in memory.rules if f"rule:{r.rule_id}" == answer.source), None)
+
+
+def rewrite_or_propose(followed, correct: bool, text: str, terms: list[str], *, misled: str, consolidate: str,
+                       corrective: str) -> list[RuleEditProposal]:
+    """The FHIR and OSCE reflections' edits: a followed rule that misled is rewritten to `text`; with no
+    rule followed, `text` is proposed (priority 1 after a correct answer, 0 after a wrong one); a
+    followed rule that was right needs no edit."""
+    if followed is not None and not correct:
+        return [RuleEditProposal(op="edit", rule_id=followed.rule_id, text=text, trigger=terms, reason=misled)]
+    if followed is None:
+        return [RuleEditProposal(op="add", text=text, trigger=terms, priority=1 if correct else 0,
+                                 reason=consolidate if correct else corrective)]
+    return []

@@ -177,39 +177,12 @@ def adopted_rule(memory, diagnosis: str) -> str | None:
     return None
 
 
-async def run_osce_act(view, memory, tools: OsceTools, gateway=None, recorder=None,
-                       patient_recorder=None, actions: str = "text") -> AnswerGiven:
-    """The doctor dialogue of one case: the sim doctor (gateway None) or the model doctor, the run's
-    memory as its memory block. No diagnosis (turn budget spent, a model unreachable) is a
-    `CaseFailure` with the dialogue so far: the case counts as incorrect and writes no memory.
-    `actions="schema"`: the model doctor's turns are schema-decoded; its answer's source is `model:schema`."""
-    from grandrounds.handlers.agent.osce_dialogue import LLMDoctor, SimDoctor, run_osce_dialogue
-    from grandrounds.handlers.backbones.base import CaseFailure
-
-    if gateway is None:
-        doctor = SimDoctor(tools.differential, tools.test_menu, memory.prefix, follow_overlap=SIM_FOLLOW_OVERLAP)
-    else:
-        doctor = LLMDoctor(gateway, recorder, memory.prefix, actions)
-    dialogue = await run_osce_dialogue(view, doctor, tools.patient(gateway, patient_recorder), tools.measurement,
-                                       tools.max_turns)
-    steps = dialogue_steps(dialogue.turns)
-    if dialogue.status != "diagnosed":
-        raise CaseFailure(f"{dialogue.status}: {dialogue.error}", steps,
-                          "turn_limit" if dialogue.status == "no_diagnosis" else "error")
-    diagnosis = dialogue.diagnosis or ""
-    source = adopted_rule(memory, diagnosis) if diagnosis else None
-    model_source = "model:schema" if actions == "schema" else "model"
-    return AnswerGiven(answer=diagnosis, source=source or ("lexical" if gateway is None else model_source),
-                       steps=steps)
-
-
 async def judge_answer(ctx, case: OsceCase, answer: AnswerGiven):
     """The grader's `Judgement`: the LLM judge (recorded, stage `judge`) when the backbone has a model — the
     separate `--judge-model` when the run names one, else the run's own — else (sim) the normalised string
     match."""
-    from grandrounds.handlers.backbones.base import records_exchanges
     from grandrounds.handlers.environments.osce_grading import judge
-    from grandrounds.handlers.llm.recorder import stage_recorder
+    from grandrounds.handlers.llm.recorder import records_exchanges, stage_recorder
 
     gateway = getattr(ctx.backbone, "gateway", None) if records_exchanges(ctx.backbone) else None
     if gateway is not None and ctx.environment is not None:
@@ -264,28 +237,3 @@ def osce_reflection_prompt(case: OsceCase, memory, answer: AnswerGiven, fb) -> s
     return (f"## OSCE case ({case.category})\nObjective: {case.objective}\n\n## Rules shown to the doctor\n{rules}\n\n"
             f"## Dialogue\n{trace}\n\n## Outcome\nThe doctor diagnosed: {answer.answer or '(nothing)'}; "
             f"correct diagnosis: {case.correct_diagnosis} ({verdict}).")
-
-
-def osce_reflection(case: OsceCase, memory, answer: AnswerGiven, fb, rule_text):
-    """The sim backbone's reflection: a rule linking the case's key findings to the correct diagnosis.
-    A followed rule that misled is rewritten; otherwise the rule is proposed (evo turns a
-    near-duplicate into an escalation)."""
-    from grandrounds.store.event_types import ReflectionRecorded, RuleEditProposal
-
-    terms = osce_terms(case, answer)
-    verdict = "correct" if fb.correct else "wrong"
-    summary = (f"[{case.category}] {dialogue_summary(answer)}; diagnosed '{answer.answer}' via {answer.source}: "
-               f"{verdict} (correct: '{case.correct_diagnosis}').")
-    guideline = f"When the presentation includes {', '.join(terms)}, consider '{case.correct_diagnosis}'."
-    new_text = rule_text(terms, case.correct_diagnosis)
-    followed = next((r for r in memory.rules if f"rule:{r.rule_id}" == answer.source), None)
-    edits: list[RuleEditProposal] = []
-    if followed is not None and not fb.correct:
-        edits.append(RuleEditProposal(op="edit", rule_id=followed.rule_id, text=new_text, trigger=terms,
-                                      reason="rule was followed on this presentation and the diagnosis was wrong"))
-    elif followed is None:
-        edits.append(RuleEditProposal(op="add", text=new_text, trigger=terms, priority=1 if fb.correct else 0,
-                                      reason="consolidate a correct diagnosis" if fb.correct
-                                      else "corrective rule after a wrong diagnosis"))
-    return ReflectionRecorded(summary=summary, guideline=guideline, edits=edits)
-

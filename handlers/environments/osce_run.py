@@ -9,7 +9,7 @@ can build the environment again).
 from __future__ import annotations
 
 
-from grandrounds.handlers.environments.run_setup import EnvRunSetup
+from grandrounds.handlers.environments.run_setup import EnvRunSetup, refuse_unsupported
 from grandrounds.handlers.environments.osce_env import OsceEnvironmentRecord
 
 SUPPORTED_POLICIES = ("evo-medagent", "none")
@@ -34,14 +34,8 @@ def prepare_agentclinic(cases_file: str, max_turns: int | None, limit: int | Non
 
     if mab_given:
         raise ValueError(f"{', '.join(mab_given)}: only with --env medagentbench (MedAgentBench FHIR tasks)")
-    if policy_name not in SUPPORTED_POLICIES:
-        raise ValueError(f"policy {policy_name!r} does not handle AgentClinic OSCE cases yet: use --policy "
-                         f"{' or '.join(SUPPORTED_POLICIES)} with --env agentclinic")
-    if sim_tools:
-        raise ValueError("--sim-tool offers simulated MCQ tools: OSCE cases use the patient and the measurement tool")
-    if broker != "memory":
-        raise ValueError("--env agentclinic runs on the embedded runner only (omit --broker): the Kafka "
-                         "message contract carries MCQ cases")
+    refuse_unsupported("agentclinic", "AgentClinic OSCE cases", policy_name, SUPPORTED_POLICIES, sim_tools,
+                       "OSCE cases use the patient and the measurement tool", broker)
     if judge_base_url and not judge_model:
         raise ValueError("--judge-base-url needs --judge-model")
     cases = load_osce_cases(cases_file, limit)

@@ -7,6 +7,20 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 
+def refuse_unsupported(env: str, what: str, policy_name: str, supported: tuple[str, ...],
+                       sim_tools: tuple[str, ...], tools_are: str, broker: str) -> None:
+    """The checks every `--env` makes of the run's other options (ValueError, exit 2): a policy whose
+    stages handle `what`, no simulated MCQ tools (the environment's `tools_are` instead), the embedded runner."""
+    if policy_name not in supported:
+        raise ValueError(f"policy {policy_name!r} does not handle {what} yet: use --policy "
+                         f"{' or '.join(supported)} with --env {env}")
+    if sim_tools:
+        raise ValueError(f"--sim-tool offers simulated MCQ tools: {tools_are}")
+    if broker != "memory":
+        raise ValueError(f"--env {env} runs on the embedded runner only (omit --broker): the Kafka "
+                         "message contract carries MCQ cases")
+
+
 @dataclass
 class EnvRunSetup:
     cases: list

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from grandrounds.store.errors import GrandroundsError, Retryable
+from grandrounds.store.event_types import AgentStep
 
 
 class GatewayError(GrandroundsError, RuntimeError):
@@ -42,3 +45,18 @@ class ModelOutage(GatewayError, Retryable):
         self.detail = message
         where = f" on case {case_id} (stage {stage})" if case_id else ""
         super().__init__(f"model endpoint {endpoint} failed{where} after {attempts} attempt(s): {kind}: {message}")
+
+
+class CaseFailure(GrandroundsError):
+    """Raised by a backbone when a case cannot be completed (model unreachable after retries,
+    output unusable to the last step). The stage records it as `case.failed` with `steps`,
+    the trajectory so far, and memory is not written from the case."""
+
+    def __init__(self, reason: str, steps: list[AgentStep] | None = None,
+                 termination: Literal["invalid_action", "turn_limit", "error"] = "error"):
+        self.reason = reason
+        self.steps = list(steps or [])
+        self.termination = termination
+        """Why the episode ended without an answer: an invalid action (the official MedAgentBench
+        protocol ends there), the turn limit, or an error (a model unreachable, a failed summary)."""
+        super().__init__(reason)

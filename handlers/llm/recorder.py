@@ -40,3 +40,8 @@ def stage_recorder(writer, case_id: str, stage: str) -> Recorder:
         note_attempt(writer.store, writer.run_id, case_id, stage, row)
 
     return Recorder(case_id, stage, emit, note)
+
+
+def records_exchanges(backbone: object) -> bool:
+    """Whether a backbone calls a model: the stages then pass it `recorder=` (handlers/backbones/base.py)."""
+    return bool(getattr(backbone, "records_exchanges", False))

@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING, Callable, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from grandrounds.handlers.backbones.base import CaseFailure, records_exchanges
-from grandrounds.handlers.llm.recorder import stage_recorder
+# The agent loops' side of per-step memory lives with them (handlers/agent/step_memory.py, below the
+# policies); re-exported here, where the policies have always found it.
+from grandrounds.handlers.agent.step_memory import SUMMARISER, StepMemory, agent_state  # noqa: F401
+from grandrounds.handlers.llm.errors import CaseFailure
+from grandrounds.handlers.llm.recorder import records_exchanges, stage_recorder
 from grandrounds.handlers.policies.render import render_prefix
-from grandrounds.store.event_types import (AnswerGiven, FeedbackRecorded, MemoryItem, MemoryRetrieved, ReflectionRecorded,
+from grandrounds.store.event_types import (AnswerGiven, FeedbackRecorded, MemoryRetrieved, ReflectionRecorded,
                                RuleOutcome, ToolOutcome)
 from grandrounds.store.llm_events import CaseFailed
 
@@ -30,23 +33,6 @@ if TYPE_CHECKING:
     from grandrounds.handlers.context import RunContext
 
 M = TypeVar("M", bound=BaseModel)
-
-StepMemory = Callable[[str], list[MemoryItem]]
-"""Per-step retrieval: the agent's current state (`agent_state`) -> the items to inject
-before its next decision. Must be a pure function of the state and the memory version the
-case started from."""
-
-SUMMARISER = "summariser"
-"""`MemoryItem.detail["audience"]` of items meant for the RetroSum summariser, not the actor."""
-
-
-def agent_state(question: str, transitions: list[tuple[str, str]]) -> str:
-    """SELSM's trajectory state s_t = s_{t-1} ⊕ F(t, a_t, o_t), as text: the query, then one
-    line per step taken so far (action and observation). Both agent loops build it this way."""
-    lines = [question.strip()]
-    lines += [f"step {t}: {action} -> {observation}" for t, (action, observation) in enumerate(transitions, 1)]
-    return "\n".join(lines)
-
 
 @dataclass(frozen=True)
 class ModelTask(Generic[M]):

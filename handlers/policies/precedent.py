@@ -23,6 +23,17 @@ from grandrounds.handlers.policies.evo_medagent.memory import EvoMemory
 from grandrounds.store.event_types import MemoryRetrieved, RetrievedEpisode
 
 
+def bare_episode(episode_id: str, case: Any, answer: Any, gold: str, correct: bool,
+                 trace: list[str] | None = None) -> EpisodeStored:
+    """An episode kept as the case happened, with no reflection (summary and guideline empty): what the
+    precedent and long-context baselines store. `trace`: the lines kept of the case (default none)."""
+    options = getattr(case, "options", None) or {}
+    return EpisodeStored(
+        episode_id=episode_id, case_id=case.case_id, descriptor=case.question, trace=list(trace or []),
+        answer=answer.answer, gold=gold, correct=correct, summary="", guideline="", trigger=key_terms(case.question),
+        answer_text=options.get(answer.answer, ""), gold_text=options.get(gold, ""))
+
+
 class PrecedentPolicy(PolicyBase):
     """Nearest precedents: the k most similar past cases with their confirmed answers."""
 
@@ -75,11 +86,7 @@ class PrecedentMemory(MemoryPolicy):
     async def reflect(self, ctx, case, memory, answer, fb):
         if not self.writes:
             return None
-        options = getattr(case, "options", None) or {}
         state: EvoMemory = ctx.projection.state.policy_memory
-        ctx.writer.emit(EpisodeStored(
-            episode_id=f"ep-{state.episodes_added:05d}", case_id=case.case_id, descriptor=case.question,
-            trace=[], answer=answer.answer, gold=case.answer, correct=fb.correct, summary="", guideline="",
-            trigger=key_terms(case.question), answer_text=options.get(answer.answer, ""),
-            gold_text=options.get(case.answer, "")), case_id=case.case_id)
+        ctx.writer.emit(bare_episode(f"ep-{state.episodes_added:05d}", case, answer, case.answer, fb.correct),
+                        case_id=case.case_id)
         return None

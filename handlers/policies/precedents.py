@@ -21,6 +21,12 @@ from functools import lru_cache
 from grandrounds.handlers.agent.protocol import align_reply, explicit_statement, mentioned_options
 from grandrounds.handlers.text import content_tokens, key_terms, trigger_overlap
 
+def rule_text(terms: list[str], option_text: str) -> str:
+    """A rule as the sim reflector writes it (handlers/backbones/sim.py), and SkeMex's offline distiller:
+    the findings that trigger it, then the option text it favours."""
+    return f"If the presentation includes {', '.join(terms[:8])}: favour '{option_text}'."
+
+
 FINDINGS_CHARS = 320
 """How much of a past case's presentation a precedent shows (its key findings come first in a vignette)."""
 

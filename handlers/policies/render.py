@@ -7,12 +7,9 @@ place memory becomes prompt text: the trajectory records item ids, not this bloc
 
 from __future__ import annotations
 
+from grandrounds.handlers.agent.protocol import BASE_PROTOCOL  # the agent's protocol line (re-exported here)
 from grandrounds.store.event_types import MemoryItem, RetrievedEpisode, RetrievedRule, ToolGuidance
 
-BASE_PROTOCOL = (
-    "You are a clinical reasoning agent. Read the case, weigh the evidence, use tools only "
-    "as their governance label allows, and answer with exactly one option letter."
-)
 
 _GUIDANCE_TEXT = {
     "Trusted": "reliable so far; use its output",

@@ -8,10 +8,10 @@ import time
 
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.code_versions import code_versions
-from grandrounds.handlers.runs import RunMismatch, open_run, read_spec, spec_difference
+from grandrounds.handlers.runs import RunMismatch, read_spec, spec_difference
 from grandrounds.handlers.pipeline import case_progress, run_stage
-from grandrounds.handlers.stages import CaseProgress, next_stage
-from grandrounds.store.errors import Bug
+from grandrounds.handlers.stages import CaseProgress, closes_case, next_stage
+from grandrounds.store.errors import Bug, InvalidInput
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.events import NewEvent, StoredEvent
 from grandrounds.store.projection import MemoryProjection, checkpoint_of, copy_projection, save_checkpoint
@@ -19,6 +19,7 @@ from grandrounds.streams.kafka_worker.commit import Step
 from grandrounds.streams.kafka_worker.delivery import START_KEY, STAGE_INDEX, Delivery, DeliveryState
 from grandrounds.streams.lag import PINNED_STAGES, AheadPass, pinned_memory, pinned_versions
 from grandrounds.streams.messages import CaseMessage, DeadLetter, RunStart, StageCommand
+from grandrounds.streams.session import Session
 
 # `KafkaWorker` in annotations is named, not imported: worker.py imports this module.
 
@@ -64,7 +65,11 @@ class RunActor:
         self.task: asyncio.Task | None = None
         self.hold = False
         self.loaded = False
+        self.session: Session | None = None
+        """The run wired for execution (streams/session.py: context, backbone), as `grandrounds run` wires it;
+        None while the run's state is not loaded."""
         self.ctx = None
+        """`session.ctx` (the context a test may stand in for)."""
         self.case: Case | None = None
         self.index: int | None = None
         self.progress = CaseProgress()
@@ -115,7 +120,7 @@ class RunActor:
                 save_checkpoint(self.worker.store, self.run_id, self.ctx.projection)
             except Exception:  # noqa: BLE001 - a checkpoint is an optimisation
                 log.debug("checkpoint of %s failed", self.run_id, exc_info=True)
-        self.ctx = None
+        self._release()
         self.loaded = False
 
     def committed_one(self) -> None:
@@ -127,12 +132,14 @@ class RunActor:
     def _load(self) -> None:
         """The run as the log has it: projection, and the case in flight with its progress."""
         w = self.worker
-        self.ctx, self.case, self.index, self.progress = None, None, None, CaseProgress()
+        self._release()
+        self.case, self.index, self.progress = None, None, CaseProgress()
         self.pinned = {}
         self._stop_lookahead()
         if w.store.has_run(self.run_id):
             spec = read_spec(w.store, self.run_id)
-            self.ctx, _how = open_run(w.store, self.run_id, spec, w.cache, **w.backbone_opts)
+            w.check_backbone(self.run_id, spec)
+            self._adopt(Session.open(w.store, w.cache, self.run_id, spec, **self._session_options()))
             self.head = w.store.head(self.run_id)
             state = self.ctx.projection.state
             if state.cases_received > state.cases_completed:
@@ -142,6 +149,21 @@ class RunActor:
                 self.index = payload.index
                 self.progress = case_progress(w.store, self.run_id, self.case.case_id, after_seq=received.seq - 1)
         self.loaded = True
+
+    def _session_options(self) -> dict:
+        """How the worker opens a run's `Session`: its backbone options (the `--agent` callable, an
+        endpoint); no checkpoints of the session's own (the worker writes them, with its commits)."""
+        return {"backbone_options": self.worker.backbone_opts, "checkpoint_every": 0, "final_checkpoint": False}
+
+    def _adopt(self, session: Session) -> None:
+        self.session, self.ctx = session, session.ctx
+
+    def _release(self) -> None:
+        """Drop the run's session: its backbone's clients are closed (in the background; the worker waits
+        for them when it closes). The store and embedding cache are the worker's, shared by its runs."""
+        session, self.session, self.ctx = self.session, None, None
+        if session is not None:
+            self.worker.release(session)
 
     def next_key(self) -> tuple[int, int]:
         if self.ctx is None:
@@ -302,7 +324,7 @@ class RunActor:
         w.committer.submit(step)
         if w.keep_step_log:
             w.stats.step_log.append((self.run_id, self.index, stage))
-        if stage == "govern":
+        if closes_case(stage):
             if ctx.lag:  # the end of this case is the memory case index+1+lag acts on
                 self.pinned[self.index + 1 + ctx.lag] = copy_projection(ctx.projection)
                 if self.lookahead is not None:
@@ -453,7 +475,7 @@ class RunActor:
         self.loaded = False
         self.pinned = {}
         self._stop_lookahead()
-        self.ctx = None
+        self._release()
         self.head = None
         self.case, self.index, self.progress = None, None, CaseProgress()
 
@@ -462,6 +484,11 @@ class RunActor:
         self.expected_cases = d.body.cases
         # The run records the versions of the code that shapes its events: this worker's build.
         spec = d.body.spec.model_copy(update={"code": code_versions(d.body.spec.policy)})
+        try:
+            w.check_backbone(self.run_id, spec)  # refused before anything is published
+        except InvalidInput as exc:
+            await self._fail(d, "rejected", str(exc))
+            return
         try:
             # Publish run.started before writing it, as every batch (see _process).
             started = NewEvent(spec.started_event(w.cache.embedder.name, d.body.cases))
@@ -476,7 +503,8 @@ class RunActor:
         if w.publish_changelog is not None:
             await w.publish_changelog(batch)
         try:
-            self.ctx, _how = open_run(w.store, self.run_id, spec, w.cache, cases=d.body.cases, **w.backbone_opts)
+            self._adopt(Session.open(w.store, w.cache, self.run_id, spec, cases=d.body.cases,
+                                     **self._session_options()))
         except RunMismatch as exc:
             await self._fail(d, "rejected", str(exc))
             return

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable
 
+from grandrounds.handlers.stages import closes_case
 from grandrounds.store.eventstore import ConsumedOffset
 from grandrounds.store.events import StoredEvent
 from grandrounds.store.projection import Checkpoint, write_checkpoint
@@ -312,7 +313,7 @@ class Committer:
             return
         w.stats.processed[step.stage] += 1
         w.stats.service_ms[step.stage].add((time.monotonic() - step.started) * 1000)
-        if step.stage == "govern":
+        if closes_case(step.stage):
             w.stats.cases_completed += 1
         w.finished(step.d)
         if not step.committed.done():

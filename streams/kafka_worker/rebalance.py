@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from grandrounds.handlers.pipeline import case_progress
-from grandrounds.handlers.stages import next_stage
+from grandrounds.handlers.stages import INTAKE_STAGE, next_stage
 from grandrounds.store.errors import Retryable
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.eventstore import ConsumedOffset
@@ -212,7 +212,7 @@ class Rebalance:
             if progress.completed is not None:
                 continue
             nxt = next_stage(progress)
-            if nxt == "retrieve" or self.publish_stage is None:
+            if nxt == INTAKE_STAGE or self.publish_stage is None:  # the intake is the submitter's to produce
                 continue
             await self.publish_stage(nxt, StageCommand(run_id=info.run_id, index=payload.index,
                                                        case_id=received.case_id))

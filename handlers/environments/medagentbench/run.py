@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grandrounds.handlers.environments.run_setup import EnvRunSetup
+from grandrounds.handlers.environments.run_setup import EnvRunSetup, refuse_unsupported
 from grandrounds.handlers.cases import CaseFileError, FhirCase
 from grandrounds.handlers.environments.base import EnvironmentRecord, FileRef
 
@@ -104,14 +104,8 @@ def prepare_medagentbench(tasks: str, funcs: str | None, patients: str | None, f
                          "local sandbox) or --fhir-base URL (a real MedAgentBench FHIR server)")
     if patients and fhir_base:
         raise ValueError("give either --patients (local sandbox) or --fhir-base URL, not both")
-    if policy_name not in SUPPORTED_POLICIES:
-        raise ValueError(f"policy {policy_name!r} does not handle FHIR tasks yet: use --policy "
-                         f"{' or '.join(SUPPORTED_POLICIES)} with --env medagentbench")
-    if sim_tools:
-        raise ValueError("--sim-tool offers simulated MCQ tools: FHIR tasks use the environment's FHIR functions")
-    if broker != "memory":
-        raise ValueError("--env medagentbench runs on the embedded runner only (omit --broker): the Kafka "
-                         "message contract carries MCQ cases")
+    refuse_unsupported("medagentbench", "FHIR tasks", policy_name, SUPPORTED_POLICIES, sim_tools,
+                       "FHIR tasks use the environment's FHIR functions", broker)
     if max_rounds and protocol != "official":
         raise ValueError("--max-rounds counts official-protocol replies: with --protocol react use --max-steps")
     if fhir_base and not fhir_base.startswith(("http://", "https://")):

@@ -14,9 +14,9 @@ import math  # sqrt only: IEEE 754 makes it correctly rounded; ln goes through e
 
 import numpy as np
 
-from grandrounds.handlers.backbones.base import CaseFailure, records_exchanges
+from grandrounds.handlers.llm.errors import CaseFailure
 from grandrounds.handlers.cases import Case
-from grandrounds.handlers.llm.recorder import stage_recorder
+from grandrounds.handlers.llm.recorder import records_exchanges, stage_recorder
 from grandrounds.handlers.policies.base import MemoryPolicy
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
 from grandrounds.handlers.text import key_terms

@@ -26,11 +26,10 @@ agent's wrong answer is left out of it, or the simulator could follow that inste
 from __future__ import annotations
 
 from grandrounds.handlers.policies.base import MemoryPolicy
-from grandrounds.handlers.policies.evo_medagent.events import EpisodeStored
 from grandrounds.handlers.policies.long_context.config import LongContextPolicy
 from grandrounds.handlers.policies.long_context.memory import PastCase, RecentCases
+from grandrounds.handlers.policies.precedent import bare_episode
 from grandrounds.handlers.policies.render import render_prefix
-from grandrounds.handlers.text import key_terms
 from grandrounds.store.event_types import MemoryRetrieved, RetrievedEpisode
 
 SECTION = "## Recent past cases (most recent first; each with its own options and its outcome)"
@@ -130,10 +129,6 @@ class LongContextMemory(MemoryPolicy):
             return None
         options = getattr(case, "options", None) or {}
         mem: RecentCases = ctx.projection.state.policy_memory
-        ctx.writer.emit(EpisodeStored(
-            episode_id=f"ep-{mem.kept:05d}", case_id=case.case_id, descriptor=case.question,
-            trace=[f"{k}) {v}" for k, v in options.items()], answer=answer.answer, gold=fb.gold,
-            correct=fb.correct, summary="", guideline="", trigger=key_terms(case.question),
-            answer_text=options.get(answer.answer, ""), gold_text=options.get(fb.gold, "")),
-            case_id=case.case_id)
+        ctx.writer.emit(bare_episode(f"ep-{mem.kept:05d}", case, answer, fb.gold, fb.correct,
+                                     trace=[f"{k}) {v}" for k, v in options.items()]), case_id=case.case_id)
         return None

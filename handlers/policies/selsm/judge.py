@@ -195,14 +195,20 @@ def offline_verdict(case: Case, decisions: list[Decision], answer: AnswerGiven, 
                 error_avoidance=f"Do not adopt the {tool} output without checking it against the findings.",
                 trigger=terms))
         else:
-            out.append(StepVerdict(
-                round=d.round, label="-", category="API Protocol",
-                task_scenario="An agent turn that broke the action protocol.",
-                generalized_logic="Each turn needs reasoning followed by exactly one tool call or one response.",
-                canonical_example="Reason briefly, then give exactly one tagged action.",
-                error_avoidance="Do not emit untagged or multiple actions in one turn.",
-                trigger=terms))
+            out.append(protocol_breach(d.round, terms, "one tool call or one response"))
     return JudgeVerdict(steps=out)
+
+
+def protocol_breach(round_: int, terms: list[str], actions: str) -> StepVerdict:
+    """The sim judge's verdict on a turn that broke the action protocol; `actions`: what one turn may
+    hold after its reasoning, in the protocol's words (MCQ: a tool call or a response; FHIR: a call or FINISH)."""
+    return StepVerdict(
+        round=round_, label="-", category="API Protocol",
+        task_scenario="An agent turn that broke the action protocol.",
+        generalized_logic=f"Each turn needs reasoning followed by exactly {actions}.",
+        canonical_example="Reason briefly, then give exactly one tagged action.",
+        error_avoidance="Do not emit untagged or multiple actions in one turn.",
+        trigger=terms)
 
 
 def offline_fhir_verdict(case: FhirCase, decisions: list[Decision], answer: AnswerGiven,
@@ -242,13 +248,7 @@ def offline_fhir_verdict(case: FhirCase, decisions: list[Decision], answer: Answ
                                 "task asks back into the FINISH list.",
                 trigger=terms))
         else:
-            out.append(StepVerdict(
-                round=d.round, label="-", category="API Protocol",
-                task_scenario="An agent turn that broke the action protocol.",
-                generalized_logic="Each turn needs reasoning followed by exactly one function call or one FINISH.",
-                canonical_example="Reason briefly, then give exactly one tagged action.",
-                error_avoidance="Do not emit untagged or multiple actions in one turn.",
-                trigger=terms))
+            out.append(protocol_breach(d.round, terms, "one function call or one FINISH"))
     return JudgeVerdict(steps=out)
 
 

@@ -12,9 +12,9 @@ the paper injects skills per decision, and that is what both agent loops do.
 
 from __future__ import annotations
 
-from grandrounds.handlers.backbones.base import CaseFailure, records_exchanges
+from grandrounds.handlers.llm.errors import CaseFailure
 from grandrounds.handlers.cases import Case, CaseView
-from grandrounds.handlers.llm.recorder import stage_recorder
+from grandrounds.handlers.llm.recorder import records_exchanges, stage_recorder
 from grandrounds.handlers.policies.base import MemoryPolicy, StepMemory, ask_or_fail
 from grandrounds.handlers.policies.render import render_items
 from grandrounds.handlers.policies.selsm.config import SelsmPolicy

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from grandrounds.handlers.backbones.sim import rule_text
+from grandrounds.handlers.policies.precedents import rule_text
 from grandrounds.handlers.policies.base import ModelTask
 from grandrounds.handlers.policies.fhir_lessons import fhir_terms, procedure, task_label, verdict_line
 from grandrounds.handlers.policies.skemex.config import SkeMexPolicy

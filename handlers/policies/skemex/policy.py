@@ -10,7 +10,7 @@ of it happens through `skill.*` events (handlers/policies/skemex/events.py).
 
 from __future__ import annotations
 
-from grandrounds.handlers.backbones.base import CaseFailure
+from grandrounds.handlers.llm.errors import CaseFailure
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.policies.base import MemoryPolicy, ask
 from grandrounds.handlers.policies.render import render_items
