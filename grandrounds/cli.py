@@ -33,8 +33,9 @@ def schema_actions_apply(env: str, fhir_protocol: str | None, actions: str) -> b
 @click.option("--db", default="grandrounds.duckdb", show_default=True, help="DuckDB file holding the event log.")
 @click.option("--run-id", default=None, help="Run id (default: derived from policy, backbone, seed and cases).")
 @click.option("--policy", default="evo-medagent", show_default=True, help="Preset name or TOML policy file.")
-@click.option("--backbone", type=click.Choice(["sim", "openai", "record"]), default=None,
-              help="Default: openai when --base-url or OPENAI_BASE_URL is set, else sim.")
+@click.option("--backbone", default=None, metavar="NAME",
+              help="sim, openai, record, or a backbone a plugin registers (docs/plugins.md). Default: openai when "
+                   "--base-url or OPENAI_BASE_URL is set, else sim.")
 @click.option("--model", default=None, help="Model name for a real backbone (with --agent: the agent's recorded name).")
 @click.option("--agent", "agent_ref", default=None, metavar="MODULE:CALLABLE",
               help="Your own agent as the backbone: called as agent(case, memory), sync or async, returning an option "

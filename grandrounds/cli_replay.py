@@ -338,7 +338,10 @@ def _progress(total: int, unit: str, quiet: bool):
 
 @main.command()
 @_db_option
-@click.argument("run_id", metavar="RUN")
+@click.argument("run_id", metavar="[RUN]", required=False)
+@click.option("--all", "all_runs", is_flag=True,
+              help="Verify every run in the database, one after another: a result each (--json: one object a "
+                   "line), exit code 1 if any run fails.")
 @_key_option
 @click.option("--expect", default=None, metavar="FINGERPRINT",
               help="The run's fingerprint as published elsewhere (what `grandrounds run` printed): any rewrite of "
@@ -347,7 +350,7 @@ def _progress(total: int, unit: str, quiet: bool):
               help="The run's head chain value as published elsewhere (`run` prints it as chain_head): the log "
                    "must end there.")
 @_json_option
-def verify(db, run_id, key_file, expect, expect_head, as_json):
+def verify(db, run_id, all_runs, key_file, expect, expect_head, as_json):
     """Check RUN's hash chain, completeness and (with a key) signed head, then re-execute it from its
     own log (a model run from its recorded exchanges) and compare.
 
@@ -355,12 +358,17 @@ def verify(db, run_id, key_file, expect, expect_head, as_json):
     immutable copy verifies. Exit code 0 when verified (identical, complete, chain intact, signed
     head valid if a key is given, --expect/--expect-head matching), 1 otherwise, 2 on bad input (a
     key file that is missing names the file). `--json` names the cause: `reason` and `reason_codes`
-    (docs/trust.md).
+    (docs/trust.md). `--all` instead of RUN verifies each run of the file.
     """
     from grandrounds.app import make_cache
     from grandrounds.replay_output import render_verify
-    from grandrounds.replay.verify import verify_run
+    from grandrounds.replay.verify import verify_run, verify_runs
     from grandrounds.store.keyring import KeyRingError
+
+    if all_runs == (run_id is not None):
+        fail("give one RUN or --all", 2, as_json)
+    if all_runs and (expect or expect_head):
+        fail("--expect and --expect-head name one run's published values: give RUN, not --all", 2, as_json)
 
     for value, what in ((expect, "--expect"), (expect_head, "--expect-head")):
         if value is not None and not _looks_like_hash(value, what == "--expect-head"):
@@ -368,17 +376,32 @@ def verify(db, run_id, key_file, expect, expect_head, as_json):
                  + (" (a chain value: v2:<64 hex>)" if what == "--expect-head" else " (64 hex digits)"), 2, as_json)
     key = _load_key(key_file, as_json)
     store = _open(db, as_json, read_only=True)
+    failed = False
     with store:
-        def go():
-            try:
-                return verify_run(store, run_id, make_cache(store), key=key, expect=expect, expect_head=expect_head)
-            except KeyRingError as exc:  # the key file is missing or unreadable: bad input, named, never "erased"
-                _key_file_error(exc, store, as_json)
+        def checked(compute):
+            def go():
+                try:
+                    return compute()
+                except KeyRingError as exc:  # key file missing or unreadable: bad input, named, never "erased"
+                    _key_file_error(exc, store, as_json)
 
-        result = _guarded(as_json, go)
-    out = result.to_dict()  # the --json object; the text rendering reads the same (divergence values clipped)
-    _emit(dict(out, db=db), as_json, None if as_json else render_verify(out))
-    if not result.ok:
+            return _guarded(as_json, go)
+
+        if all_runs:  # one run at a time, lazily, each with a cache of its own (replay/verify.py verify_runs)
+            run_ids = [r.run_id for r in store.runs()]
+            if not run_ids:
+                fail(f"{db} holds no runs", 2, as_json)
+            pending = verify_runs(store, run_ids, make_cache, key=key)
+            next_result = lambda: next(pending, None)  # noqa: E731
+        else:
+            single = [lambda: verify_run(store, run_id, make_cache(store), key=key, expect=expect,
+                                         expect_head=expect_head)]
+            next_result = lambda: single.pop()() if single else None  # noqa: E731
+        while (result := checked(next_result)) is not None:
+            out = result.to_dict()  # the --json object; the text rendering reads the same (values clipped)
+            _emit(dict(out, db=db), as_json, None if as_json else render_verify(out))
+            failed = failed or not result.ok
+    if failed:
         sys.exit(1)
 
 

@@ -48,6 +48,7 @@ RUNS = {
     "selsm": ["--policy", "selsm"],
     "retrosum": ["--policy", "retrosum"],
     "precedent": ["--policy", "precedent"],
+    "long-context": ["--policy", "long-context"],
     "none": ["--policy", "none"],
 }
 MODEL_RUNS = {"model-evo-medagent": ["--policy", "evo-medagent"]}

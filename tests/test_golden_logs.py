@@ -25,7 +25,7 @@ from grandrounds.store.eventstore import EventStore
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 LOGS = sorted(GOLDEN.glob("*.jsonl"))
-POLICIES = {"evo-medagent", "evo-medagent-tools", "skemex", "selsm", "retrosum", "precedent", "none"}
+POLICIES = {"evo-medagent", "evo-medagent-tools", "skemex", "selsm", "retrosum", "precedent", "long-context", "none"}
 MODEL_RUNS = {"model-evo-medagent"}
 ENVIRONMENTS = {"env-medagentbench": "medagentbench", "env-agentclinic": "agentclinic"}
 

@@ -189,3 +189,25 @@ def test_a_third_party_environment_is_rebuilt_from_its_record(monkeypatch):
     # a record of an environment nobody registered names it
     with pytest.raises(RegistryError, match=r"environment 'gone', which is not registered here"):
         envs.record_from_meta({"name": "gone"})
+
+
+def test_the_command_line_runs_and_verifies_a_registered_backbone(vendor, tmp_path):
+    """`grandrounds run --backbone vendor` (a plugin's name, not one of click's choices), then `verify`."""
+    import json
+
+    from click.testing import CliRunner
+
+    from grandrounds.cli import main
+
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text("".join((ROOT / "examples" / "cases.jsonl").read_text().splitlines(keepends=True)[:3]))
+    db = tmp_path / "cli.duckdb"
+    res = CliRunner().invoke(main, ["run", str(cases), "--db", str(db), "--backbone", "vendor", "--model", "vm",
+                                    "--json"])
+    assert res.exit_code == 0, res.output
+    run_id = json.loads([ln for ln in res.output.splitlines() if ln.startswith("{")][-1])["run_id"]
+    res = CliRunner().invoke(main, ["verify", "--db", str(db), run_id, "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["replayed_from_record"], res.output
+    res = CliRunner().invoke(main, ["run", str(cases), "--db", str(tmp_path / "x.duckdb"), "--backbone", "nope"])
+    assert res.exit_code == 2 and "unknown backbone 'nope' (available: sim, openai, record, vendor)" in res.output
+    assert not (tmp_path / "x.duckdb").exists()

@@ -142,3 +142,27 @@ def test_verify_runs_raises_for_a_run_the_file_does_not_hold(two_runs):
         assert next(results).ok
         with pytest.raises(UnknownRun):
             next(results)
+
+
+def test_verify_all_checks_every_run_of_the_file(two_runs, tmp_path):
+    res = CliRunner().invoke(main, ["verify", "--db", str(two_runs), "--all", "--json"])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")]
+    assert [(r["run_id"], r["ok"], r["identical"]) for r in lines] == [("a", True, True), ("b", True, True)]
+    # the same object as verifying the run alone
+    alone = json.loads(CliRunner().invoke(main, ["verify", "--db", str(two_runs), "b", "--json"]).stdout)
+    assert lines[1] == alone
+
+
+@pytest.mark.parametrize("args, said", [([], "give one RUN or --all"), (["a", "--all"], "give one RUN or --all"),
+                                        (["--all", "--expect", "0" * 64], "give RUN, not --all")])
+def test_verify_needs_one_run_or_all_and_no_anchor_with_all(two_runs, args, said):
+    res = CliRunner().invoke(main, ["verify", "--db", str(two_runs), *args])
+    assert res.exit_code == 2 and said in res.output, res.output
+
+
+def test_verify_all_of_a_file_without_runs_is_bad_input(tmp_path):
+    empty = tmp_path / "empty.duckdb"
+    EventStore(empty).close()
+    res = CliRunner().invoke(main, ["verify", "--db", str(empty), "--all"])
+    assert res.exit_code == 2 and "holds no runs" in res.output, res.output
