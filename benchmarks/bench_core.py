@@ -15,7 +15,6 @@ the machinery's cost, not embedding quality. Case questions are embedded by the 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import (  # noqa: E402
+    print_result,
     bench_store, peak_rss_mb, repeated_cases, seed_run, synthetic_words, time_cases, unit_vector)
 
 from grandrounds.handlers.cases import load_cases  # noqa: E402
@@ -185,11 +185,7 @@ def main() -> None:
     out["peak_rss_mb"] = peak_rss_mb()
     store.close()
 
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for k, v in out.items():
-            print(f"{k:22} {v}")
+    print_result(out, args.json)
 
 
 if __name__ == "__main__":

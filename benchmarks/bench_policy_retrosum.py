@@ -18,7 +18,6 @@ The per-case time includes the case's commit to DuckDB; `commit_ms` reports that
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import (  # noqa: E402
+    print_result,
     bench_store, ms_summary, peak_rss_mb, repeated_cases, seed_run, synthetic_words, time_cases, unit_vector)
 
 from grandrounds.handlers.cases import load_cases  # noqa: E402
@@ -120,11 +120,7 @@ def main() -> None:
     out["peak_rss_mb"] = peak_rss_mb()
     out["target"] = "per-case p50 <= 10 ms (DESIGN §9)"
     store.close()
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for k, v in out.items():
-            print(f"{k:16} {v}")
+    print_result(out, args.json, width=16)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ deprecation and maturation run as configured. Target: p50 ≤ 10 ms.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import (  # noqa: E402
+    print_result,
     bench_store, repeated_cases, seed_run, synthetic_words, time_cases, unit_vector)
 
 from grandrounds.handlers.cases import load_cases  # noqa: E402
@@ -108,11 +108,7 @@ def main() -> None:
         "note": "sim backbone, warm embedding cache, commit per case; capacity off so the repository stays full",
     }
     store.close()
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for k, v in out.items():
-            print(f"{k:22} {v}")
+    print_result(out, args.json)
 
 
 if __name__ == "__main__":

@@ -90,8 +90,7 @@ def main() -> None:
     for i, (name, codec) in enumerate(order):
         store = EventStore(tmp / f"{name}-{i}.duckdb", codec=codec)
         store.conn.execute(f"ATTACH '{tmp / 'warm.duckdb'}' AS w (READ_ONLY)")
-        store.conn.execute(EmbeddingCache.SCHEMA)
-        store.conn.execute("INSERT INTO embedding_cache SELECT * FROM w.embedding_cache")
+        EmbeddingCache.copy_from(store.conn, "w")
         store.conn.execute("DETACH w")
         cache = EmbeddingCache(shared_minilm(), store.conn)
         ctx, _ = open_run(store, "r", spec, cache)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import os
 import resource
 import shutil
@@ -138,3 +139,12 @@ def time_cases(ctx, cases: Sequence[Case], per_stage: bool = False,
 
     asyncio.run(go())
     return times, commits
+
+
+def print_result(out: dict, as_json: bool, width: int = 22) -> None:
+    """A benchmark's result: one JSON line with --json, else one `key value` line per figure."""
+    if as_json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k:{width}} {v}")
