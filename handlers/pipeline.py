@@ -16,7 +16,7 @@ from grandrounds.handlers.cases import Case, FhirCase
 from grandrounds.handlers.context import RunContext
 from grandrounds.handlers.stages import (STAGE_TABLE, STAGES, CaseProgress, Stage, closes_case,  # noqa: F401
                                          next_stage, stage_def)  # STAGES, next_stage: re-exported
-from grandrounds.store.event_types import RunCompleted
+from grandrounds.store.event_types import CaseCompleted, RunCompleted
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.llm_events import CaseFailed
 from grandrounds.store.recorded_vectors import noting_vectors, recorded_event

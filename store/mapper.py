@@ -24,6 +24,7 @@ from grandrounds.store.canonical import canonical_json
 from grandrounds.store.events import NewEvent, StoredEvent
 from grandrounds.store.sealing import SEALED_KEY, SealingCodec, stored_form
 
+
 def row_event(r: tuple) -> StoredEvent:
     """A row (`recorder.ROW_COLUMNS`) as the event it stores, payload as stored (sealed rows not opened)."""
     return StoredEvent(r[0], int(r[1]), r[2], int(r[3]), r[4], None if r[5] is None else int(r[5]),

@@ -16,25 +16,16 @@ from click.testing import CliRunner
 from grandrounds.cli import main
 from grandrounds.store.canonical import canonical_json
 from test_tamper import _rechain, delete_last_case
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples" / "cases.jsonl"
-
-
-def _cli(*args, env: dict | None = None) -> tuple[int, dict]:
-    res = CliRunner().invoke(main, [*map(str, args), "--json"], env=env)
-    lines = res.stdout.strip().splitlines()
-    return res.exit_code, (json.loads(lines[-1]) if lines else {"output": res.output})
+from cli_helpers import cli_json, example_cases
 
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory) -> dict:
     """A run made by `grandrounds run`, and the two values it printed, as a paper or a ticket would quote."""
     d = tmp_path_factory.mktemp("anchors")
-    cases = d / "cases.jsonl"
-    cases.write_text("".join(EXAMPLES.read_text().splitlines(keepends=True)[:4]))
+    cases = example_cases(d, 4)
     db = d / "a.duckdb"
-    code, out = _cli("run", cases, "--db", db, "--run-id", "r")
+    code, out = cli_json("run", cases, "--db", db, "--run-id", "r")
     assert code == 0, out
     return {"db": db, "fingerprint": out["fingerprint"], "chain_head": out["chain_head"]}
 
@@ -64,11 +55,11 @@ def forge_consistent_truncation(con) -> None:
 
 def test_the_printed_values_are_accepted(published, tmp_path):
     db = _copy(published, tmp_path)
-    code, out = _cli("verify", "--db", db, "r", "--expect", published["fingerprint"],
+    code, out = cli_json("verify", "--db", db, "r", "--expect", published["fingerprint"],
                      "--expect-head", published["chain_head"])
     assert code == 0 and out["ok"], out
     assert out["expect"]["ok"] and out["expect_head"]["ok"] and out["chain_head"] == published["chain_head"]
-    code, out = _cli("verify", "--db", db, "r", "--expect", published["fingerprint"].upper())
+    code, out = cli_json("verify", "--db", db, "r", "--expect", published["fingerprint"].upper())
     assert code == 0, out  # hex is hex, whatever its case
 
 
@@ -79,13 +70,13 @@ def test_a_consistent_forgery_passes_the_chain_but_not_the_anchors(published, tm
         forge_consistent_truncation(con)
     finally:
         con.close()
-    code, plain = _cli("verify", "--db", db, "r")
+    code, plain = cli_json("verify", "--db", db, "r")
     # The documented limit of an unkeyed chain: the forgery is whole, chained and re-executes identically.
     assert code == 0 and plain["ok"] and plain["declared_cases"] == 3, plain
-    code, out = _cli("verify", "--db", db, "r", "--expect", published["fingerprint"])
+    code, out = cli_json("verify", "--db", db, "r", "--expect", published["fingerprint"])
     assert code == 1 and out["reason"] == "expect_mismatch" and out["reason_codes"] == ["expect_mismatch"], out
     assert out["expect"] == {"expected": published["fingerprint"], "actual": plain["fingerprint"], "ok": False}
-    code, out = _cli("verify", "--db", db, "r", "--expect-head", published["chain_head"])
+    code, out = cli_json("verify", "--db", db, "r", "--expect-head", published["chain_head"])
     assert code == 1 and out["reason"] == "expect_head_mismatch", out
     res = CliRunner().invoke(main, ["verify", "--db", str(db), "r", "--expect", published["fingerprint"]])
     assert res.exit_code == 1 and "TAMPERED (fingerprint is not the published one)" in res.output
@@ -98,7 +89,7 @@ def test_plain_truncation_fails_the_head_anchor(published, tmp_path):
         con.execute("DELETE FROM events WHERE run_id = 'r' AND seq = (SELECT max(seq) FROM events)")
     finally:
         con.close()
-    code, out = _cli("verify", "--db", db, "r", "--expect-head", published["chain_head"],
+    code, out = cli_json("verify", "--db", db, "r", "--expect-head", published["chain_head"],
                      "--expect", published["fingerprint"])
     assert code == 1 and {"expect_mismatch", "expect_head_mismatch"} <= set(out["reason_codes"]), out
 
@@ -106,7 +97,7 @@ def test_plain_truncation_fails_the_head_anchor(published, tmp_path):
 @pytest.mark.parametrize("args", [["--expect", "abc"], ["--expect-head", "v3:" + "0" * 64],
                                   ["--expect", "g" * 64]])
 def test_a_malformed_anchor_is_bad_input(published, tmp_path, args):
-    code, out = _cli("verify", "--db", _copy(published, tmp_path), "r", *args)
+    code, out = cli_json("verify", "--db", _copy(published, tmp_path), "r", *args)
     assert code == 2 and args[0] in out["error"], out
 
 
@@ -115,18 +106,18 @@ def test_sign_does_not_replace_another_keys_head_without_force(published, tmp_pa
     first, second = tmp_path / "first.key", tmp_path / "second.key"
     first.write_bytes(b"f" * 32)
     second.write_bytes(b"s" * 32)
-    code, out = _cli("sign", "--db", db, "r", "--key-file", first)
+    code, out = cli_json("sign", "--db", db, "r", "--key-file", first)
     assert code == 0, out
     first_id = out["key_id"]
-    code, out = _cli("sign", "--db", db, "r", "--key-file", first)  # the same key again: fine
+    code, out = cli_json("sign", "--db", db, "r", "--key-file", first)  # the same key again: fine
     assert code == 0 and out["replaced"] == {}, out
-    code, out = _cli("sign", "--db", db, "r", "--key-file", second)
+    code, out = cli_json("sign", "--db", db, "r", "--key-file", second)
     assert code == 2 and first_id in out["error"] and "--force" in out["error"], out
-    code, out = _cli("verify", "--db", db, "r", "--key-file", first)
+    code, out = cli_json("verify", "--db", db, "r", "--key-file", first)
     assert code == 0 and out["signed_head"]["status"] == "valid", out  # still the first key's head
-    code, out = _cli("sign", "--db", db, "--all", "--key-file", second)
+    code, out = cli_json("sign", "--db", db, "--all", "--key-file", second)
     assert code == 2 and first_id in out["error"], out
-    code, out = _cli("sign", "--db", db, "r", "--key-file", second, "--force")
+    code, out = cli_json("sign", "--db", db, "r", "--key-file", second, "--force")
     assert code == 0 and out["replaced"]["r"]["key_id"] == first_id, out
     res = CliRunner().invoke(main, ["sign", "--db", str(db), "r", "--key-file", str(first), "--force"])
     assert res.exit_code == 0 and f"replaced the head signed by key {out['key_id']}" in res.output

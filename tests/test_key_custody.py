@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from grandrounds.cli import main
 from grandrounds.store.keyring import KeyRing
+from cli_helpers import example_cases
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples" / "cases.jsonl"
 
 
 def _cli(*args, env: dict | None = None) -> tuple[int, dict, str]:
@@ -39,8 +39,7 @@ def _mode(path: Path) -> int:
 def made(tmp_path_factory) -> dict:
     """A database written by `grandrounds run` (sealed content, its key file beside it)."""
     d = tmp_path_factory.mktemp("custody")
-    cases = d / "cases.jsonl"
-    cases.write_text("".join(EXAMPLES.read_text().splitlines(keepends=True)[:3]))
+    cases = example_cases(d, 3)
     db = d / "e.duckdb"
     code, out, output = _cli("run", cases, "--db", db, "--run-id", "r")
     assert code == 0, output

@@ -5,35 +5,23 @@ verifies and stays byte for byte what it was."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from grandrounds.cli import main
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples" / "cases.jsonl"
-
-
-def _cli(*args) -> tuple[int, dict]:
-    res = CliRunner().invoke(main, [*map(str, args), "--json"])
-    lines = res.stdout.strip().splitlines()
-    return res.exit_code, (json.loads(lines[-1]) if lines else {"output": res.output})
+from cli_helpers import cli_json, example_cases
 
 
 @pytest.fixture(scope="module")
 def original(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("ro-src")
-    cases = d / "cases.jsonl"
-    cases.write_text("".join(EXAMPLES.read_text().splitlines(keepends=True)[:3]))
+    cases = example_cases(d, 3)
     db = d / "audit.duckdb"
-    code, out = _cli("run", cases, "--db", db, "--run-id", "r")
+    code, out = cli_json("run", cases, "--db", db, "--run-id", "r")
     assert code == 0, out
     return db
 
@@ -44,13 +32,13 @@ def _snapshot(folder: Path) -> dict[str, str]:
 
 def _checks(db: Path, out_dir: Path) -> None:
     """What an auditor runs on the copy: every one succeeds."""
-    code, out = _cli("verify", "--db", db, "r")
+    code, out = cli_json("verify", "--db", db, "r")
     assert code == 0 and out["ok"] and out["identical"], out
-    code, out = _cli("audit", "items", "--db", db, "r")
+    code, out = cli_json("audit", "items", "--db", db, "r")
     assert code == 0, out
-    code, out = _cli("audit", "explain", "--db", db, "r", "0")
+    code, out = cli_json("audit", "explain", "--db", db, "r", "0")
     assert code == 0 and out.get("content_erased") is not True, out
-    code, out = _cli("export", "r", "--db", db, "--out", out_dir / "events.jsonl")
+    code, out = cli_json("export", "r", "--db", db, "--out", out_dir / "events.jsonl")
     assert code == 0 and out["events"] > 0, out
     from grandrounds.ui.app import create_app
 
