@@ -4,7 +4,8 @@
 
 Every text of the shared benchmark data (`../shared/data`: ChestAgentBench, AgentClinic, MedAgentBench;
 string fields of at least 20 characters, deduplicated) and of `examples/`, embedded at batch size 1 (as
-runs embed) in one child process per `ATEN_CPU_CAPABILITY` (avx512, avx2, default), each with the model
+runs embed) in one child process per `ATEN_CPU_CAPABILITY` this CPU can run (avx512, avx2, default; a
+kernel it lacks is skipped with the reason, store/cpu_kernels.py: torch would die of SIGILL), each with the model
 loaded fresh and no cache. The parent compares the float32 vectors (bitwise) and the quantized ones
 (`store/vectors.py`: round(128 x) in int8, straight from float32, as a naive quantizer would), and the
 vectors the embedder gives runs (float64 again for a text with a component near a rounding boundary): a text whose quantized vector differs between two kernels is
@@ -28,7 +29,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
-CAPABILITIES = ("avx512", "avx2", "default")
 
 
 def _walk(value, out: set[str]) -> None:
@@ -107,14 +107,20 @@ def main() -> None:
     if args.child:
         child(*args.child)
         return
+    from grandrounds.store.cpu_kernels import machine_kernels
     from grandrounds.store.vectors import quantize
+
+    found = machine_kernels()
+    capabilities = found.runnable
+    for missing in found.missing:
+        print(f"skipped: {found.skip_reason(missing)}", file=sys.stderr)
 
     by_file = texts(args.limit)
     flat = [t for v in by_file.values() for t in v]
     tmp = Path(tempfile.mkdtemp(prefix="kernel-vectors-"))
     (tmp / "texts.json").write_text(json.dumps(flat))
     vecs, kernels, grids = {}, {}, {}
-    for cap in CAPABILITIES:
+    for cap in capabilities:
         out = tmp / f"{cap}.npy"
         env = {**os.environ, "ATEN_CPU_CAPABILITY": cap, "GRANDROUNDS_EMBEDDING_CACHE": str(tmp / f"cache-{cap}")}
         proc = subprocess.run([sys.executable, __file__, "--child", str(tmp / "texts.json"), str(out)],
@@ -122,10 +128,10 @@ def main() -> None:
         kernels[cap] = json.loads(proc.stdout.strip().splitlines()[-1])
         vecs[cap] = np.load(out)
         grids[cap] = np.stack([quantize(v) for v in np.load(str(out).replace(".npy", "-grid.npy"))])
-    q = {cap: np.stack([quantize(v) for v in vecs[cap]]) for cap in CAPABILITIES}
+    q = {cap: np.stack([quantize(v) for v in vecs[cap]]) for cap in capabilities}
     pairs = {}
-    for i, a in enumerate(CAPABILITIES):
-        for b in CAPABILITIES[i + 1:]:
+    for i, a in enumerate(capabilities):
+        for b in capabilities[i + 1:]:
             float_diff = np.any(vecs[a] != vecs[b], axis=1)
             q_diff = np.any(q[a] != q[b], axis=1)
             pairs[f"{a} vs {b}"] = {
@@ -139,8 +145,9 @@ def main() -> None:
     examples = [t for k, v in by_file.items() if k.startswith("main/examples") or "/examples/" in k for t in v]
     ex_idx = [flat.index(t) for t in examples]
     example_diff = int(sum(bool(np.any(grids[a][ex_idx] != grids[b][ex_idx], axis=1).sum())
-                           for i, a in enumerate(CAPABILITIES) for b in CAPABILITIES[i + 1:])) if ex_idx else 0
+                           for i, a in enumerate(capabilities) for b in capabilities[i + 1:])) if ex_idx else 0
     result = {"texts": len(flat), "by_file": {k: len(v) for k, v in by_file.items()}, "kernels": kernels,
+              "skipped_kernels": {k: found.skip_reason(k) for k in found.missing},
               "pairs": pairs, "example_texts": len(ex_idx), "example_pairs_with_a_differing_embedder_vector": example_diff}
     print(json.dumps(result, indent=2))
     if args.json:

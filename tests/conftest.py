@@ -17,6 +17,16 @@ _EMBEDDINGS = tempfile.mkdtemp(prefix="grandrounds-test-embeddings-")
 atexit.register(shutil.rmtree, _EMBEDDINGS, ignore_errors=True)
 os.environ["GRANDROUNDS_EMBEDDING_CACHE"] = _EMBEDDINGS
 
+from grandrounds.store.cpu_kernels import machine_kernels  # noqa: E402  (imports neither torch nor numpy)
+
+# A session run under a torch CPU kernel this CPU lacks (.ci/run loops over every kernel name) is skipped
+# whole, with the reason in the summary: torch trusts ATEN_CPU_CAPABILITY, so left set it kills this
+# process and every child with SIGILL at the first vectorised op. Unset here, before torch dispatches.
+_KERNEL_SKIP = (machine_kernels().skip_reason(os.environ["ATEN_CPU_CAPABILITY"])
+                if os.environ.get("ATEN_CPU_CAPABILITY") else None)
+if _KERNEL_SKIP:
+    del os.environ["ATEN_CPU_CAPABILITY"]
+
 from grandrounds.handlers.cases import Case, load_cases
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy, NoMemoryPolicy
 from grandrounds.handlers.runs import RunSpec, open_run
@@ -80,3 +90,9 @@ def evo_spec() -> RunSpec:
 @pytest.fixture
 def none_spec() -> RunSpec:
     return RunSpec(policy=NoMemoryPolicy(), seed=0)
+
+
+def pytest_collection_modifyitems(config, items):
+    if _KERNEL_SKIP:
+        for item in items:
+            item.add_marker(pytest.mark.skip(reason=_KERNEL_SKIP))
