@@ -16,8 +16,15 @@ from grandrounds.handlers.stages import STAGE_VERSIONS
 
 
 def code_versions(policy: Any) -> dict[str, Any]:
-    """This build's versions for a run of `policy` (a policy config)."""
-    return {"policy": type(policy).code_version, "stages": dict(STAGE_VERSIONS)}
+    """This build's versions for a run of `policy` (a policy config); with the field de-identifier
+    (`deidentify_patterns` 3) also its settings: the tool, its version, our rules' version and a digest
+    of the configuration (handlers/field_deidentifier.py `settings`)."""
+    out: dict[str, Any] = {"policy": type(policy).code_version, "stages": dict(STAGE_VERSIONS)}
+    if getattr(policy, "deidentify_patterns", 1) >= 3:
+        from grandrounds.handlers.field_deidentifier import settings
+
+        out["deidentifier"] = settings()
+    return out
 
 
 def differences(recorded: dict[str, Any] | None, build: dict[str, Any]) -> list[str]:
@@ -32,9 +39,20 @@ def differences(recorded: dict[str, Any] | None, build: dict[str, Any]) -> list[
     for stage in sorted(set(stages) | set(build["stages"])):
         if stages.get(stage) != build["stages"].get(stage):
             out.append(f"{stage}: recorded by version {stages.get(stage)}, this build is {build['stages'].get(stage)}")
+    if recorded.get("deidentifier") != build.get("deidentifier"):
+        out.append(f"de-identifier: recorded with {_settings(recorded.get('deidentifier'))}, this build has "
+                   f"{_settings(build.get('deidentifier'))}")
     return out
+
+
+def _settings(found: dict | None) -> str:
+    if not found:
+        return "none"
+    return (f"{found.get('tool')} {found.get('tool_version')}, rules {found.get('rules_version')}, "
+            f"configuration {str(found.get('config_digest'))[:16]}")
 
 
 def describe(code: dict[str, Any]) -> str:
     stages = ", ".join(f"{s} {v}" for s, v in code["stages"].items())
-    return f"policy {code['policy']}; stages {stages}"
+    tail = f"; de-identifier {_settings(code['deidentifier'])}" if code.get("deidentifier") else ""
+    return f"policy {code['policy']}; stages {stages}{tail}"

@@ -24,6 +24,15 @@ record numbers, more date formats) find in the case text; and a third pass, the 
 (`[...]`), so what no pattern recognises still stays with its patient. Retrieval queries of the case
 lose the same words (`RunContext.retrieval_text`). Runs recorded before keep patterns 1 and k = 1.
 
+Since issue 41 (`deidentify_patterns = 3`, the default for new runs): the k-subjects rule no longer reads
+the whole text. A field tool (handlers/field_deidentifier.py: philter-lite, pinned, with the Safe Harbor
+rules it lacks) reads the case's text once and its spans become exact terms of pass 1, typed (`[NAME]`,
+`[PLACE]`, `[DATE]`, `[AGE 90+]`, `[ID]`, `[CONTACT]`); the k-subjects evidence decides only the spans the
+tool flags but cannot place (a capitalised word on none of its lists: a surname, a village, or an eponym
+such as "Kussmaul"): kept when at least k subjects' cases hold every word of it, withheld as its kind
+otherwise. Every other word of the case is kept, so memory keeps its findings. The tool's versions and
+configuration digest are recorded in `run.started` (handlers/code_versions.py).
+
 Ids of memory items, case ids, tool names and enum-like fields are not text and are never touched
 (`_KEEP`). The pass is a pure function of the payload and the case, so replays write the same bytes.
 """
@@ -36,7 +45,7 @@ from typing import Any, Callable, Iterable
 
 from grandrounds.handlers.policies.selsm.entity_check import (FHIR_RESOURCE_TYPES, allow_eponyms, entity_candidates,
                                                               find_entities)
-from grandrounds.handlers.subject_gate import WITHHELD, SubjectCounts, gate_text
+from grandrounds.handlers.subject_gate import WITHHELD, WORD, SubjectCounts, gate_text
 from grandrounds.handlers.text import STOPWORDS
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.events import EventPayload
@@ -45,6 +54,8 @@ PLACEHOLDERS = {
     "name": "[NAME]", "mrn": "[MRN]", "identifier": "[ID]", "dob": "[DOB]", "date": "[DATE]",
     "address": "[ADDRESS]", "phone": "[PHONE]", "email": "[EMAIL]", "url": "[URL]",
     "withheld": WITHHELD,
+    # the field tool's kinds without a placeholder above (pattern set 3)
+    "place": "[PLACE]", "age": "[AGE 90+]", "contact": "[CONTACT]",
 }
 """Placeholder per identifier type; audit shows them as they are. `withheld`: words of the case that
 fewer than k subjects' cases hold (the k-subjects rule, handlers/subject_gate.py)."""
@@ -229,6 +240,34 @@ def free_text_terms(text: str) -> list[tuple[str, str]]:
                     out += [(part, "name") for part in w.split("-") if len(part) >= 2]
                 continue
             out.append((span, kind))
+    return out
+
+
+_FIELD_KINDS = {"name": "name", "place": "place", "date": "date", "age": "age", "id": "identifier",
+                "contact": "contact"}
+"""The field tool's kinds (handlers/field_deidentifier.py `KINDS`) -> placeholder types."""
+
+
+def field_terms(text: str, uncommon: frozenset[str] | None) -> list[tuple[str, str]]:
+    """(span, type) of what the field tool finds in a case's text (pattern set 3). A span it only flags as a
+    possible name or place (`certain=False`) is kept as vocabulary when every word of it is common, that is
+    not in `uncommon` (the case's tokens that fewer than k subjects' cases hold; None: nothing is common);
+    a name or place also as each of its words, so a lower-cased trigger word goes too."""
+    from grandrounds.handlers import field_deidentifier
+
+    out: list[tuple[str, str]] = []
+    for f in field_deidentifier.find(text):
+        kind = _FIELD_KINDS[f.kind]
+        if not f.certain and kind in ("name", "place"):
+            words = [w for w in WORD.findall(f.text.lower()) if len(w) > 1 and w not in STOPWORDS]
+            if uncommon is not None and not any(w in uncommon for w in words):
+                continue  # an eponym, "COVID": at least k subjects' cases hold it
+        out.append((f.text, kind))
+        if kind in ("name", "place"):
+            for w in re.split(r"[\s,]+", f.text):
+                if len(w) >= 2:
+                    out.append((w, kind))
+                    out += [(part, kind) for part in w.split("-") if len(part) >= 2]
     return out
 
 
@@ -466,9 +505,14 @@ class Deidentifier:
         withheld: frozenset[str] = frozenset()
         if case:
             terms += structured_terms(case.get("identifiers"))
+            uncommon = None
             if index is not None:
                 self._load_counts()
-                withheld = self.counts.withheld(case, index)
+                uncommon = self.counts.withheld(case, index)
+            if self.patterns >= 3:  # the field tool's spans; the k evidence for what it cannot place only
+                terms += field_terms(case_text(case), uncommon)
+            elif uncommon is not None:
+                withheld = uncommon
             mrn = case.get("eval_mrn") or case.get("subject")
             if mrn:
                 terms.append((str(mrn), "mrn"))

@@ -39,6 +39,7 @@ from importlib import metadata, resources
 from pathlib import Path
 
 from grandrounds.handlers.text import STOPWORDS
+from grandrounds.store.errors import GrandroundsError
 
 TOOL = "philter-lite"
 TOOL_VERSION = "0.6.0"
@@ -150,39 +151,51 @@ def _tag(text: str) -> list[tuple[str, str]]:
     return tagged
 
 
-class ToolVersionError(RuntimeError):
-    """The installed philter-lite is not the pinned one."""
+class ToolVersionError(GrandroundsError, RuntimeError):
+    """The installed philter-lite is not the pinned one (a setup error: exit 1, the fix in its message)."""
 
 
-@lru_cache(maxsize=1)
-def _tool():
-    """(philter_lite, its filters, the sha256 of its filter file): loaded once a process (0.5 s)."""
+def _check_version() -> None:
     installed = metadata.version("philter-lite")
     if installed != TOOL_VERSION:
         raise ToolVersionError(f"philter-lite {installed} is installed; grandrounds pins {TOOL_VERSION} "
                                f"(its filters decide event bytes): pip install 'philter-lite=={TOOL_VERSION}'")
+
+
+def _config_bytes() -> bytes:
+    return (resources.files("philter_lite") / "configs" / "philter_delta.toml").read_bytes()
+
+
+@lru_cache(maxsize=1)
+def _tool():
+    """(philter_lite, its filters): loaded once a process (0.5-4 s)."""
+    _check_version()
     import philter_lite
     from philter_lite import philter
 
     philter._get_pos = _tag  # the pinned version's one call of nltk.pos_tag (never reached: no data, a pickle)
     config = resources.files("philter_lite") / "configs" / "philter_delta.toml"
     with resources.as_file(config) as path:
-        data = Path(path).read_bytes()
         filters = philter_lite.load_filters(str(path))
-    return philter_lite, filters, hashlib.sha256(data).hexdigest()
+    return philter_lite, filters
 
 
-def _rules_source() -> bytes:
-    return Path(__file__).read_bytes()
+def _rules_source() -> str:
+    """What our own rules are: the sources of their patterns (a change of one is a change of settings, so
+    the digest moves with it; a change of how they are applied bumps `RULES_VERSION`)."""
+    patterns = [*_AGES, _AGE_AFTER_NAME, *_CONTACT, *_ID, _YEAR, _PLACE_CUE, _TOKEN, _JOINS, _NUMERIC_DATE,
+                _NEXT_CAP]
+    return "\n".join(p.pattern for p in patterns) + f"\ncontact digits {_CONTACT_DIGITS}\n"
 
 
 @lru_cache(maxsize=1)
 def settings() -> dict:
     """What a run records of its de-identifier: versions and a digest of the configuration (the tool's
-    filter file and this module's rules)."""
-    _, _, filters_digest = _tool()
-    digest = hashlib.sha256(f"{TOOL}=={TOOL_VERSION}\n{filters_digest}\nrules {RULES_VERSION}\n".encode()
-                            + _rules_source()).hexdigest()
+    filter file and our rules' patterns); reads no filter into memory."""
+    _check_version()
+    filters_digest = hashlib.sha256(_config_bytes()).hexdigest()
+    digest = hashlib.sha256(f"{TOOL}=={TOOL_VERSION}\n{filters_digest}\nrules {RULES_VERSION}\n{_rules_source()}"
+                            .encode()).hexdigest()
     return {"tool": TOOL, "tool_version": TOOL_VERSION, "rules_version": RULES_VERSION,
             "config_digest": digest}
 
@@ -199,7 +212,7 @@ def _tool_spans(text: str) -> list[Found]:
     catch-all masks the rest, as its own `transform_text_asterisk` does), typed where a typed filter
     found it (dates, e-mail, ages) and certain there; otherwise a catch-all token: digits an `id`, a
     capitalised word after a place cue a `place`, else a `name`, none of them certain."""
-    philter_lite, filters, _ = _tool()
+    philter_lite, filters = _tool()
     include, _, tracker = philter_lite.detect_phi(text, patterns=filters)
     kept = bytearray(len(text))
     for a, b in include.filecoords():
@@ -219,8 +232,9 @@ def _tool_spans(text: str) -> list[Found]:
             kind, certain = _TOOL_KINDS[_TOOL_TYPES[max(codes) - 2]], True
             if kind == "date" and not _could_be_date(text, a, b):
                 continue
-        elif not codes and (word.lower() in STOPWORDS or not word[:1].isupper() and not word[:1].isdigit()):
-            continue  # the catch-all alone, on a lower-case word or a stopword: vocabulary its lists lack
+        elif word.lower() in STOPWORDS or not word[:1].isupper() and not word[:1].isdigit():
+            continue  # untyped, on a lower-case word or a stopword: vocabulary its lists lack ("drinks"), or
+            # the context word of a span ("phone" of "phone 01451 820 771", whose digits our rules type)
         elif any(c.isdigit() for c in word):
             kind, certain = "id", False
         elif _PLACE_CUE.search(text[max(0, a - 24):a]):

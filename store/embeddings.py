@@ -188,13 +188,17 @@ class EmbeddingCache:
         """(int8, exact float32) of the keys used last, at most `memory_limit`: a retrieval asks for the same
         texts again and again, and neither form is rebuilt per call. `adopt` drops the keys it overrides."""
         self.recorded_hits = 0
+        self._writable = conn is not None
+        """Whether misses are persisted to the file's table (not in a read-only file)."""
         if conn is not None:
             try:
                 conn.execute(self.SCHEMA)
             except duckdb.Error:
-                # A read-only file (audit): the table is there if the runs in it embedded anything;
-                # misses are then embedded in memory and simply not persisted.
+                # A read-only file (audit, verify): the table is there if the runs in it embedded anything;
+                # misses are then embedded in memory and simply not persisted (a re-execution that diverges
+                # embeds texts the file never held: flushing them would fail on the read-only file).
                 self._conn = conn if _has_cache_table(conn) else None
+                self._writable = False
 
     @property
     def model(self) -> str:
@@ -334,7 +338,7 @@ class EmbeddingCache:
         if self.machine is not None and self._pending_machine:
             self.machine.put_many(self.model, self._pending_machine.items())
         self._pending_machine.clear()
-        if self._conn is None or not self._pending:
+        if self._conn is None or not self._writable or not self._pending:
             self._pending.clear()
             return 0
         keys = list(self._pending)

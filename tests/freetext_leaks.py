@@ -24,6 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "freetext_identifiers.jsonl"
 TRUTH = ROOT / "tests" / "fixtures" / "freetext_identifiers.truth.json"
+FIXTURE_2 = ROOT / "tests" / "fixtures" / "freetext_identifiers_2.jsonl"
+"""A second authored stream (issue 41): names that are English words (Grace Field, Summer Lake, Bill Baker),
+relatives' and clinicians' names, rare and non-English places, e-mail, national numbers, written dates,
+ages over 89 and phones in several layouts."""
 
 POLICIES = {
     "evo-medagent": 'name = "evo-medagent"\n',
@@ -40,19 +44,25 @@ OFF = "memory_min_subjects = 1\ndeidentify_patterns = 1\n"
 """The behaviour before issue 32: no k-subjects rule, the pattern set before the free-text patterns."""
 
 
-def needles() -> dict[str, list[str]]:
-    return json.loads(TRUTH.read_text(encoding="utf-8"))["patients"]
+def truth_of(cases: Path) -> Path:
+    return cases.with_name(cases.name.removesuffix(".jsonl") + ".truth.json")
+
+
+def needles(truth: Path = TRUTH) -> dict[str, list[str]]:
+    """Per patient, the identifiers a reader would know them by (ages over 89 included)."""
+    doc = json.loads(truth.read_text(encoding="utf-8"))
+    return {p: ns + doc.get("ages_over_89", {}).get(p, []) for p, ns in doc["patients"].items()}
 
 
 def _pattern(needle: str) -> re.Pattern[str]:
     return re.compile(r"(?<![^\W_])" + re.escape(needle.lower()) + r"(?![^\W_])")
 
 
-def count_hits(events) -> dict:
+def count_hits(events, truth: Path = TRUTH) -> dict:
     """Hits in a run's events (`StoredEvent`s, decoded), by kind of place; `pairs`: the (A, B) patient pairs."""
     from grandrounds.store.events import payload_class
 
-    truth = {p: [(n, _pattern(n)) for n in ns] for p, ns in needles().items()}
+    truth = {p: [(n, _pattern(n)) for n in ns] for p, ns in needles(truth).items()}
     subject = {e.case_id: e.payload["case"].get("subject") for e in events if e.type == "case.received"}
     hits: Counter[str] = Counter()
     pairs: set[tuple[str, str]] = set()
@@ -77,15 +87,16 @@ def count_hits(events) -> dict:
     return {"hits": sum(hits.values()), "by_place": dict(hits), "pairs": len(pairs), "examples": examples}
 
 
-def run_policy(policy: str, db: Path, off: bool = False, cases: Path = FIXTURE) -> tuple[dict, dict]:
-    """(`grandrounds run --json` output, count_hits of its events) for one policy, sim backbone."""
+def run_policy(policy: str, db: Path, off: bool = False, cases: Path = FIXTURE, extra: str = "") -> tuple[dict, dict]:
+    """(`grandrounds run --json` output, count_hits of its events) for one policy, sim backbone; `extra`:
+    more lines of its policy file."""
     from click.testing import CliRunner
 
     from grandrounds.cli import main
     from grandrounds.store.eventstore import EventStore
 
     toml = db.parent / f"{policy}{'-off' if off else ''}.toml"
-    toml.write_text(POLICIES[policy] + (OFF if off else ""), encoding="utf-8")
+    toml.write_text(POLICIES[policy] + (OFF if off else "") + extra, encoding="utf-8")
     res = CliRunner().invoke(main, ["run", str(cases), "--db", str(db), "--policy", str(toml),
                                     "--backbone", "sim", "--json"])
     lines = [ln for ln in res.output.splitlines() if ln.startswith("{")]
@@ -93,7 +104,7 @@ def run_policy(policy: str, db: Path, off: bool = False, cases: Path = FIXTURE) 
     out = json.loads(lines[-1])
     with EventStore(str(db), read_only=True) as s:
         events = s.read(out["run_id"])
-    return out, count_hits(events)
+    return out, count_hits(events, truth_of(cases))
 
 
 def main(argv: list[str]) -> None:

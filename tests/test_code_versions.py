@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from grandrounds.cli import main
 from grandrounds.handlers.code_versions import code_versions
+from grandrounds.handlers.field_deidentifier import settings as field_settings
 from grandrounds.handlers.policies.config import EvoMedAgentPolicy
 from grandrounds.handlers.policies.evo_medagent import policy as retrieve  # the module that rounds retrieval scores
 from grandrounds.handlers.stages import STAGE_VERSIONS
@@ -30,7 +32,30 @@ def test_a_run_records_its_policy_and_stage_code_versions(recorded_db):
     with EventStore(recorded_db, read_only=True) as store:
         started = store.read("src", upto_seq=0)[0].payload
     assert started["code"] == code_versions(EvoMedAgentPolicy()) == {
-        "policy": 1, "stages": {"retrieve": 2, "act": 2, "feedback": 2, "reflect": 2, "govern": 2}}
+        "policy": 1, "stages": {"retrieve": 2, "act": 2, "feedback": 2, "reflect": 2, "govern": 2},
+        "deidentifier": field_settings()}
+    # a policy on an earlier de-identifier pattern set records no field tool (runs recorded before issue 41)
+    assert "deidentifier" not in code_versions(EvoMedAgentPolicy(deidentify_patterns=2))
+
+
+def test_verify_names_the_de_identifier_settings_when_they_changed_the_bytes(db_copy, monkeypatch):
+    """A run recorded with other field-tool settings (here: a later rules version that also masks 'fever')
+    re-executes to other bytes, and verify says which settings differ."""
+    from grandrounds.handlers import field_deidentifier
+
+    recorded = field_settings()
+    changed = {**recorded, "rules_version": recorded["rules_version"] + 1, "config_digest": "0" * 64}
+    monkeypatch.setattr(field_deidentifier, "settings", lambda: changed)
+    real = field_deidentifier._rule_spans
+    monkeypatch.setattr(field_deidentifier, "_rule_spans", lambda text: real(text) + [
+        field_deidentifier.Found(m.start(), m.end(), "name", True, m.group()) for m in re.finditer("fever", text)])
+    field_deidentifier._find.cache_clear()
+    try:
+        out = _verify(db_copy, "src")
+    finally:
+        field_deidentifier._find.cache_clear()
+    assert not out["identical"], out
+    assert any("de-identifier: recorded with philter-lite 0.6.0, rules 1" in d for d in out["code_versions"]["differences"]), out
 
 
 def test_verify_names_the_versions_when_a_bumped_stage_changed_the_bytes(db_copy, monkeypatch):

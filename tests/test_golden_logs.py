@@ -9,7 +9,8 @@ the files its `run.started` names (path and sha256: the shared benchmark data, n
 repository); where they are absent its tests skip, naming the missing file.
 
 A change that alters the event bytes of a run fails here; if the change is deliberate, regenerate the logs
-with `python scripts/golden_logs.py` and say so in the commit message.
+with `python scripts/golden_logs.py` and say so in the commit message. tests/golden/patterns-v2/ holds the
+same runs as recorded before issue 41 (de-identifier pattern set 2): they must verify too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.eventstore import EventStore
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-LOGS = sorted(GOLDEN.glob("*.jsonl"))
+PREVIOUS = GOLDEN / "patterns-v2"
+"""The same runs as recorded before issue 41 (de-identifier pattern set 2, the k-subjects rule on every word):
+they re-execute with their own recorded settings, so a log written before a deliberate change still verifies."""
+LOGS = sorted(GOLDEN.glob("*.jsonl")) + sorted(PREVIOUS.glob("*.jsonl"))
+LOG_IDS = [str(p.relative_to(GOLDEN).with_suffix("")) for p in LOGS]
 POLICIES = {"evo-medagent", "evo-medagent-tools", "skemex", "selsm", "retrosum", "precedent", "long-context", "none"}
 MODEL_RUNS = {"model-evo-medagent"}
 ENVIRONMENTS = {"env-medagentbench": "medagentbench", "env-agentclinic": "agentclinic"}
@@ -49,8 +54,18 @@ def _load(path: Path):
 
 
 def test_there_is_a_golden_log_per_policy_model_run_and_environment():
-    names = {p.stem for p in LOGS}
-    assert POLICIES | MODEL_RUNS | set(ENVIRONMENTS) <= names
+    for folder in (GOLDEN, PREVIOUS):
+        names = {p.stem for p in folder.glob("*.jsonl")}
+        assert POLICIES | MODEL_RUNS | set(ENVIRONMENTS) <= names, folder
+
+
+def test_the_golden_logs_are_of_the_de_identifier_they_stand_for():
+    """This build's logs record pattern set 3 and the field tool's settings; the previous ones pattern set 2."""
+    for folder, patterns in ((GOLDEN, 3), (PREVIOUS, 2)):
+        for path in folder.glob("*.jsonl"):
+            started = load_jsonl(path)[0].payload
+            assert started["policy"].get("deidentify_patterns", 1) == patterns, path
+            assert ("deidentifier" in (started.get("code") or {})) == (patterns == 3), path
 
 
 def test_the_golden_logs_are_the_runs_they_are_named_for():
@@ -70,7 +85,7 @@ def test_the_golden_logs_are_the_runs_they_are_named_for():
 
 
 @pytest.mark.slow  # a few seconds per log on an idle machine (MiniLM embeds each case)
-@pytest.mark.parametrize("path", LOGS, ids=[p.stem for p in LOGS])
+@pytest.mark.parametrize("path", LOGS, ids=LOG_IDS)
 def test_a_golden_log_re_executes_to_the_identical_fingerprint(path):
     events = _load(path)
     with EventStore(":memory:") as store:

@@ -136,11 +136,16 @@ def test_hnsw_path_is_deterministic_and_survives_a_checkpoint(example_cases, evo
     assert a.episode_index.uses_hnsw and a.rule_index.uses_hnsw
     c = decode(encode(a))  # the checkpoint format, hnswlib graphs included
     exact = rebuild(store, "r", cache).state.policy_memory
+    found = agreed = 0
     for case in example_cases[:20]:
         q = cache.get(case.question)
         assert a.episode_index.search(q, 3) == b.episode_index.search(q, 3) == c.episode_index.search(q, 3)
-        # at this size the graph is exact: same answers as brute force
-        assert a.episode_index.search(q, 3) == exact.episode_index.search(q, 3)
+        # the graph is approximate: its nearest is brute force's, and nearly all of its top 3 are brute force's
+        approx, brute = a.episode_index.search(q, 3), exact.episode_index.search(q, 3)
+        assert approx[0] == brute[0]
+        found += len({i for i, _ in approx} & {i for i, _ in brute})
+        agreed += len(brute)
+    assert found / agreed >= 0.95, (found, agreed)
 
 
 def test_checkpoint_is_used_caught_up_or_dropped(example_cases, evo_spec, tmp_path):

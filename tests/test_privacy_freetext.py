@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from freetext_leaks import FIXTURE, POLICIES, count_hits, run_policy
+from freetext_leaks import FIXTURE, FIXTURE_2, POLICIES, count_hits, run_policy
 from grandrounds.cli import main
 from grandrounds.handlers.cases import Case
 from grandrounds.handlers.deidentify import (PLACEHOLDERS, SubjectScrubber, free_text_terms, stated_terms,
@@ -40,8 +40,25 @@ def test_no_identifier_of_one_patient_reaches_another_patients_events(policy, tm
     out, found = run_policy(policy, tmp_path / "run.duckdb")
     assert out["cases"] == 34
     assert found["hits"] == 0, found["examples"]
-    # the writes did hold identifiers and words of one patient: now placeholders or withheld
-    assert out["deidentified"].get(WITHHELD, 0) > 0 and out["deidentified"].get("[NAME]", 0) > 0, out
+    # the writes did hold identifiers of one patient: now placeholders (the field tool's, issue 41: no `[...]`)
+    assert out["deidentified"].get("[NAME]", 0) > 0 and out["deidentified"].get("[CONTACT]", 0) > 0, out
+    assert WITHHELD not in out["deidentified"], out
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_no_identifier_of_the_second_stream_reaches_another_patients_events(policy, tmp_path):
+    """Names that are English words, relatives and clinicians, places in Welsh and Swedish, ages over 89."""
+    out, found = run_policy(policy, tmp_path / "run.duckdb", cases=FIXTURE_2)
+    assert out["cases"] == 10
+    assert found["hits"] == 0, found["examples"]
+    assert out["deidentified"].get("[AGE 90+]", 0) > 0 or policy in ("none", "long-context"), out
+
+
+def test_the_earlier_pattern_set_still_keeps_the_stream_apart(tmp_path):
+    """Runs recorded before issue 41 (pattern set 2, the k-subjects rule on every word) re-execute with it."""
+    out, found = run_policy("evo-medagent", tmp_path / "v2.duckdb", extra="deidentify_patterns = 2\n")
+    assert found["hits"] == 0, found["examples"]
+    assert out["deidentified"].get(WITHHELD, 0) > 0, out
 
 
 def test_without_the_rule_the_same_stream_leaks(tmp_path):
@@ -62,7 +79,9 @@ def test_a_run_under_the_rule_re_executes_to_its_fingerprint(tmp_path):
     assert ver["identical"] and ver["fingerprint"] == out["fingerprint"], ver
     with EventStore(str(db), read_only=True) as s:
         started = s.read(out["run_id"], upto_seq=0)[0].payload
-    assert started["policy"]["memory_min_subjects"] == 3 and started["policy"]["deidentify_patterns"] == 2
+    assert started["policy"]["memory_min_subjects"] == 3 and started["policy"]["deidentify_patterns"] == 3
+    tool = started["code"]["deidentifier"]  # the field tool's settings (issue 41), as verify compares them
+    assert tool["tool"] == "philter-lite" and tool["tool_version"] == "0.6.0" and len(tool["config_digest"]) == 64
 
 
 # --- the k-subjects fold ------------------------------------------------------------------------

@@ -24,14 +24,19 @@ class PolicyBase(_Config):
 
     name: str
     memory_min_subjects: int = Field(3, ge=1)
-    """The k-subjects rule (handlers/subject_gate.py): a word of a case's text enters memory text
+    """The k-subjects rule (handlers/subject_gate.py): a word of a case's text that the field tool flags
+    as a possible name or place (deidentify_patterns = 3; every word with 2) enters memory text
     (trigger, summary, guideline, rule, skill, lesson, episode) only once the cases of at least this many
-    distinct subjects hold it, so a name, a street or a phone format that one patient's cases alone hold
-    never becomes memory. 1: off (runs recorded before the rule)."""
-    deidentify_patterns: int = Field(2, ge=1, le=2)
-    """The de-identifier's pattern set: 2 adds names without an honorific, international phone
-    formats, addresses, record numbers and more date formats read from the case text; 1: the set
-    before them (runs recorded before)."""
+    distinct subjects hold it, so a surname or a village that one patient's cases alone hold never
+    becomes memory, while an eponym (Kussmaul, Crohn) does. 1: off (runs recorded before the rule)."""
+    deidentify_patterns: int = Field(3, ge=1, le=3)
+    """The de-identifier's pattern set: 3 adds a field de-identification tool (philter-lite, pinned, with
+    the Safe Harbor rules it lacks: handlers/field_deidentifier.py) read on the case text, and the
+    k-subjects rule then decides only the words the tool flags but cannot place (eponyms pass, a
+    patient's surname does not); every other word of the case is kept. 2: names without an honorific,
+    international phone formats, addresses, record numbers and more date formats read from the case
+    text, and the k-subjects rule on every word (runs recorded before issue 41); 1: the set before them
+    (runs recorded before issue 32)."""
     ablations: ClassVar[dict[str, dict[str, Any]]] = {}
     """Switch name -> the fields it sets (`replay --ablation NAME`, `run --ablation NAME`)."""
     recorded_defaults: ClassVar[dict[str, Any]] = {}
