@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterable
 
 from grandrounds.handlers.policies.selsm.entity_check import (FHIR_RESOURCE_TYPES, allow_eponyms, entity_candidates,
                                                               find_entities)
+from grandrounds.handlers.field_deidentifier import AREA_CODE_PHONE, INTERNATIONAL_PHONE
 from grandrounds.handlers.subject_gate import WITHHELD, WORD, SubjectCounts, gate_text
 from grandrounds.handlers.text import STOPWORDS
 from grandrounds.store.event_types import CaseReceived
@@ -172,8 +173,8 @@ _FREE_TEXT: list[tuple[str, re.Pattern[str], int]] = [
     # phones: international (+44 20 7946 0958, +49 (0)30 1234567, 0044 ...), parenthesised area codes
     # ((555) 0100-7000, (020) 7946 0958), national trunk numbers (07700 900123, 01 23 45 67 89),
     # and whatever follows "phone/tel/mobile" (checked for at least 7 digits below)
-    ("phone", re.compile(r"(?<![\w+])(?:\+|00)\d{1,3}(?:[\s.-]?\(0\))?(?:[\s.-]?\(?\d{1,5}\)?){2,6}(?![\w-])"), 0),
-    ("phone", re.compile(r"(?<![\w)])\(\d{2,5}\)[\s.-]?\d{2,5}(?:[\s.-]\d{2,5}){0,3}(?![\w-])"), 0),
+    ("phone", INTERNATIONAL_PHONE, 0),
+    ("phone", AREA_CODE_PHONE, 0),
     ("phone", re.compile(r"(?<![\w.,/-])0\d{1,4}(?:[\s.-]\d{2,6}){1,4}(?![\w,/-]|\.\d)"), 0),
     ("phone", re.compile(r"\b(?:phone|tel|telephone|mobile|cell|contact|fax|pager|whatsapp)\.?(?:\s*(?:no\.?|number|#))?"
                          r"\s*[:#]?\s*(\+?[\d(][\d\s().-]{5,}\d)", re.I), 1),
@@ -264,10 +265,17 @@ def field_terms(text: str, uncommon: frozenset[str] | None) -> list[tuple[str, s
                 continue  # an eponym, "COVID": at least k subjects' cases hold it
         out.append((f.text, kind))
         if kind in ("name", "place"):
-            for w in re.split(r"[\s,]+", f.text):
-                if len(w) >= 2:
-                    out.append((w, kind))
-                    out += [(part, kind) for part in w.split("-") if len(part) >= 2]
+            out += _word_terms(f.text, kind)
+    return out
+
+
+def _word_terms(span: str, kind: str) -> list[tuple[str, str]]:
+    """Each word of a name or place, and each part of a double-barrelled one, as a term of its own."""
+    out: list[tuple[str, str]] = []
+    for w in re.split(r"[\s,]+", span):
+        if len(w) >= 2:
+            out.append((w, kind))
+            out += [(part, kind) for part in w.split("-") if len(part) >= 2]
     return out
 
 
@@ -278,10 +286,7 @@ def structured_terms(identifiers: dict | None) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for name in identifiers.get("names", ()):
         out.append((name, "name"))
-        for w in re.split(r"[\s,]+", name):
-            if len(w) >= 2:
-                out.append((w, "name"))
-                out += [(part, "name") for part in w.split("-") if len(part) >= 2]
+        out += _word_terms(name, "name")
     for key, kind in (("mrns", "mrn"), ("ids", "identifier"), ("phones", "phone"), ("emails", "email"),
                       ("addresses", "address")):
         out += [(v, kind) for v in identifiers.get(key, ())]

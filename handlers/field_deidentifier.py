@@ -80,12 +80,16 @@ _AGE_AFTER_NAME = re.compile(r"\s*\((" + _OLD + r")\)|,\s*(" + _OLD + r")(?=\s*(
 """'Rose Baker (97)', 'Åsa Lindström of Kiruna, 93, is seen': an age right after a name or place."""
 
 _DIGITS_GROUPED = r"\+?\(?\d[\d\s().-]{4,}\d"
+INTERNATIONAL_PHONE = re.compile(r"(?<![\w+])(?:\+|00)\d{1,3}(?:[\s.-]?\(0\))?(?:[\s.-]?\(?\d{1,5}\)?){2,6}(?![\w-])")
+"""+44 20 7946 0958, +49 (0)30 1234567, 0044 ... (also pattern set 2's, handlers/deidentify.py)."""
+AREA_CODE_PHONE = re.compile(r"(?<![\w)])\(\d{2,5}\)[\s.-]?\d{2,5}(?:[\s.-]\d{2,5}){0,3}(?![\w-])")
+"""(555) 0100-7000, (020) 7946 0958 (also pattern set 2's)."""
 _CONTACT = [
     re.compile(r"\b(?:phone|telephone|tel|mobile|cell(?:phone)?|fax|facsimile|pager|bleep|contact(?: number)?|"
                r"call(?:ed)?(?: on| at)?|ring|reached at|whatsapp)\.?(?:\s*(?:no\.?|number|#))?\s*(?:is|:|#|-)?\s*"
                r"(" + _DIGITS_GROUPED + r")", re.I),
-    re.compile(r"(?<![\w+])(?:\+|00)\d{1,3}(?:[\s.-]?\(0\))?(?:[\s.-]?\(?\d{1,5}\)?){2,6}(?![\w-])"),
-    re.compile(r"(?<![\w)])\(\d{2,5}\)[\s.-]?\d{2,5}(?:[\s.-]\d{2,5}){0,3}(?![\w-])"),
+    INTERNATIONAL_PHONE,
+    AREA_CODE_PHONE,
     re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"),
     re.compile(r"\b(?:https?://|www\.)\S+", re.I),
 ]
