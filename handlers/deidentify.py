@@ -47,7 +47,7 @@ from grandrounds.handlers.policies.selsm.entity_check import (FHIR_RESOURCE_TYPE
                                                               find_entities)
 from grandrounds.handlers.field_deidentifier import AREA_CODE_PHONE, INTERNATIONAL_PHONE
 from grandrounds.handlers.subject_gate import WITHHELD, WORD, SubjectCounts, gate_text
-from grandrounds.handlers.text import STOPWORDS
+from grandrounds.handlers.text import STOPWORDS, key_terms
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.events import EventPayload
 
@@ -61,9 +61,21 @@ PLACEHOLDERS = {
 """Placeholder per identifier type; audit shows them as they are. `withheld`: words of the case that
 fewer than k subjects' cases hold (the k-subjects rule, handlers/subject_gate.py)."""
 
+MEANINGS = {
+    "name": "a person's name", "mrn": "a medical record number", "identifier": "an identifier",
+    "dob": "a date of birth", "date": "a date (its year kept)", "address": "an address",
+    "phone": "a phone number", "email": "an e-mail address", "url": "a web address",
+    "withheld": "a word fewer than k patients' cases hold", "place": "a place",
+    "age": "an age over 89", "contact": "a phone, fax or e-mail contact",
+}
+"""What each placeholder stands for, in words (the web view's titles; docs/patient-data.md's table)."""
+
 _PLACEHOLDER_RE = re.compile("|".join(re.escape(v) for v in PLACEHOLDERS.values()))
 _PLACEHOLDERS_ONLY = re.compile(r"(?:\s*(?:" + _PLACEHOLDER_RE.pattern + r")[\s,;:-]*)+")
 _PLACEHOLDER_WORDS = frozenset(v[1:-1] for v in PLACEHOLDERS.values() if v[1:-1].isalpha())
+_TRIGGER_KEYS = frozenset({"trigger"})
+"""The list fields that trigger memory (evo-medagent rules and episodes, retrosum lessons, selsm skills,
+skemex skill bodies): matched word by word against the next case, so never left empty by scrubbing."""
 
 _KEEP = frozenset({
     "rule_id", "episode_id", "case_id", "source_case_id", "skill_id", "record_id", "experience_id", "id",
@@ -347,7 +359,8 @@ class SubjectScrubber:
     """The two passes for one case: its own identifiers, then the generic patterns."""
 
     def __init__(self, terms: Iterable[tuple[str, str]], allowed_text: str = "",
-                 withheld: frozenset[str] = frozenset(), drop_entries: bool = False):
+                 withheld: frozenset[str] = frozenset(), drop_entries: bool = False,
+                 refill_triggers: bool = False):
         # Longest first, so "Peter Stafford" is one [NAME], not two.
         uniq = {}
         for text, kind in terms:
@@ -364,6 +377,8 @@ class SubjectScrubber:
         """Tokens of the case that fewer than k subjects' cases hold: withheld from memory text (`memory`)."""
         self.drop_entries = drop_entries
         """Drop a list entry (a trigger term) that scrubbing left as nothing but placeholders (pattern set 2)."""
+        self.refill_triggers = refill_triggers
+        """A trigger scrubbing emptied is refilled from its item's kept words (pattern set 3)."""
         self.found: Counter[str] = Counter()
 
     def text(self, s: str) -> str:
@@ -438,8 +453,20 @@ class SubjectScrubber:
                        if not (isinstance(y, str) and x != y and _PLACEHOLDERS_ONLY.fullmatch(x))]
             return out
         if isinstance(v, dict):
-            return {k: self.value(x, k) for k, x in v.items()}
+            out = {k: self.value(x, k) for k, x in v.items()}
+            if self.refill_triggers:
+                for k in _TRIGGER_KEYS & out.keys():
+                    if v[k] and not out[k]:
+                        out[k] = self._refilled(out)
+            return out
         return v
+
+    def _refilled(self, scrubbed: dict) -> list[str]:
+        """A trigger for an item whose every trigger term was an identifier: the key terms (handlers/text.py
+        `key_terms`) of the item's own scrubbed text, placeholders left out. Only words scrubbing kept can
+        appear, so nothing withheld comes back; an item with no kept words keeps an empty trigger."""
+        texts = [x for k, x in scrubbed.items() if k not in _KEEP and k not in _TRIGGER_KEYS and isinstance(x, str)]
+        return key_terms(_PLACEHOLDER_RE.sub(" ", " ".join(texts)))
 
 
 class Deidentifier:
@@ -527,7 +554,8 @@ class Deidentifier:
                     terms += patient_terms(resource)
             terms += stated_terms(case_text(case), self.patterns)
             allowed = " | ".join(str(v) for v in (case.get("options") or {}).values())
-        found = self._scrubbers[key] = SubjectScrubber(terms, allowed, withheld, drop_entries=self.patterns >= 2)
+        found = self._scrubbers[key] = SubjectScrubber(terms, allowed, withheld, drop_entries=self.patterns >= 2,
+                                                         refill_triggers=self.patterns >= 3)
         if len(self._scrubbers) > 256:  # a long run: keep the recent cases only
             self._scrubbers.pop(next(iter(self._scrubbers)))
             popped = next(iter(self._cases), None)

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from freetext_leaks import FIXTURE, FIXTURE_2, POLICIES, count_hits, run_policy
 from grandrounds.cli import main
 from grandrounds.handlers.cases import Case
-from grandrounds.handlers.deidentify import (PLACEHOLDERS, SubjectScrubber, free_text_terms, stated_terms,
-                                             structured_terms)
+from grandrounds.handlers.deidentify import (_PLACEHOLDERS_ONLY, PLACEHOLDERS, SubjectScrubber, free_text_terms,
+                                             stated_terms, structured_terms)
 from grandrounds.handlers.policies.config import policy_from_dict, policy_record
 from grandrounds.handlers.policies.registry import config_class
 from grandrounds.handlers.subject_gate import WITHHELD, SubjectCounts, case_subject, gate_text
@@ -52,6 +52,38 @@ def test_no_identifier_of_the_second_stream_reaches_another_patients_events(poli
     assert out["cases"] == 10
     assert found["hits"] == 0, found["examples"]
     assert out["deidentified"].get("[AGE 90+]", 0) > 0 or policy in ("none", "long-context"), out
+    # a stored trigger is never placeholders only, and a rule's never empty (issue 41, part 3)
+    with EventStore(str(tmp_path / "run.duckdb"), read_only=True) as store:
+        events = store.read(out["run_id"])
+    triggers = [(e, t) for e in events for t in _triggers(_payload(e))]
+    for e, t in triggers:
+        assert not t or any(not _PLACEHOLDERS_ONLY.fullmatch(x) for x in t), (e.type, t)
+    rules = [t for e, t in triggers if e.type in ("rule.added", "rule.edited")]
+    assert all(rules), rules
+    assert triggers or policy in ("none", "long-context")
+    if policy == "evo-medagent":  # what a later case saw, in `audit explain`: the placeholders as stored
+        last = [e.case_id for e in events if e.type == "case.completed"][-1]
+        res = CliRunner().invoke(main, ["audit", "explain", "--db", str(tmp_path / "run.duckdb"), out["run_id"], last,
+                                        "--json"])
+        assert res.exit_code == 0, res.output
+        assert "[NAME]" in res.output and WITHHELD not in res.output, res.output[:2000]
+
+
+def _payload(e) -> dict:
+    return e.decode().model_dump(mode="json")
+
+
+def _triggers(v):
+    """Every `trigger` list anywhere in a payload."""
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if k == "trigger" and isinstance(x, list):
+                yield x
+            else:
+                yield from _triggers(x)
+    elif isinstance(v, list):
+        for x in v:
+            yield from _triggers(x)
 
 
 def test_the_earlier_pattern_set_still_keeps_the_stream_apart(tmp_path):
@@ -137,6 +169,24 @@ def test_a_trigger_term_that_was_only_an_identifier_is_dropped():
     s = SubjectScrubber([("Eleanor", "name")], withheld=frozenset({"millbrook"}), drop_entries=True)
     assert s.value({"trigger": ["eleanor", "millbrook", "fever"], "text": "eleanor of millbrook"}) == {
         "trigger": ["fever"], "text": f"[NAME] of {WITHHELD}"}
+
+
+def test_a_trigger_scrubbing_empties_is_refilled_from_the_items_kept_words():
+    s = SubjectScrubber([("Eleanor Whitfield", "name"), ("Eleanor", "name"), ("Whitfield", "name"), ("Millbrook", "place")],
+                        drop_entries=True, refill_triggers=True)
+    rule = {"rule_id": "r1", "text": "Eleanor Whitfield of Millbrook: think of giant cell arteritis when jaw "
+                                     "claudication follows headache", "trigger": ["eleanor", "whitfield", "millbrook"]}
+    out = s.value(rule)
+    assert out["trigger"][:4] == ["think", "giant", "cell", "arteritis"] and "claudication" in out["trigger"]
+    assert not {"eleanor", "whitfield", "millbrook", "name", "place"} & set(out["trigger"])
+    # nested items (a skill's body, a lesson in a list) too; a trigger with a kept term, or empty, stays
+    nested = s.value({"body": {**rule, "trigger": ["eleanor"]}, "lessons": [{"text": "Millbrook", "trigger": ["millbrook"]}]})
+    assert nested["body"]["trigger"] == out["trigger"] and nested["lessons"][0]["trigger"] == []
+    assert s.value({**rule, "trigger": ["eleanor", "claudication"]})["trigger"] == ["claudication"]
+    assert s.value({**rule, "trigger": []})["trigger"] == []
+    # pattern set 2 (runs recorded with it) keeps its empty trigger
+    assert SubjectScrubber([("Eleanor", "name")], drop_entries=True).value({"text": "fever", "trigger": ["eleanor"]}) == {
+        "text": "fever", "trigger": []}
 
 
 # --- patterns and structured identifiers -----------------------------------------------------------

@@ -25,6 +25,7 @@ from fhir_helpers import offline_tasks_file, run_fhir
 from grandrounds.cli import main
 from grandrounds.store.eventstore import EventStore
 from grandrounds.store.sealing import ERASED, SEALED_KEY
+from grandrounds.handlers.deidentify import MEANINGS, PLACEHOLDERS
 from grandrounds.ui.app import create_app, marked
 from test_privacy_identifiers import _found, identifiers
 
@@ -120,6 +121,16 @@ def test_marked_filter_escapes_and_labels():
     assert "&lt;b&gt;" in html and "<b>" not in html
     assert 'data-placeholder="NAME"' in html and 'data-placeholder="DATE"' in html
     assert 'class="redacted erased"' in html and "[NOT-A-TYPE]" in html and 'data-placeholder="NOT' not in html
+
+
+def test_every_placeholder_is_titled_with_what_it_stands_for():
+    assert MEANINGS.keys() == PLACEHOLDERS.keys()
+    html = str(marked("seen at 93 [AGE 90+] in [PLACE] by [NAME]; [...]; call [CONTACT]"))
+    assert 'data-placeholder="AGE 90+" title="An age over 89 was removed' in html
+    assert 'data-placeholder="PLACE" title="A place was removed' in html
+    assert 'title="A person&#39;s name was removed' in html
+    assert 'data-placeholder="..." title="A word fewer than k patients' in html
+    assert 'data-placeholder="CONTACT" title="A phone, fax or e-mail contact was removed' in html
 
 
 def test_same_key_file_same_sealed_bytes_in_another_process(erased, tmp_path):

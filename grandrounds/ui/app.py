@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from grandrounds.handlers.deidentify import PLACEHOLDERS
+from grandrounds.handlers.deidentify import MEANINGS, PLACEHOLDERS
 from grandrounds.replay.audit_common import AuditInputError, short
 from grandrounds.replay.caselog import UnknownRun
 from grandrounds.store.eventstore import EventStore
@@ -33,19 +33,20 @@ if TYPE_CHECKING:  # loaded on the first verify request only (it brings in re-ex
 INPUT_ERRORS = (AuditInputError, UnknownRun)
 
 _MARKED = re.compile(r"\[(erased|" + "|".join(re.escape(p[1:-1]) for p in PLACEHOLDERS.values()) + r")\]")
+_MEANING = {PLACEHOLDERS[kind][1:-1]: meaning for kind, meaning in MEANINGS.items()}
 
 
 def marked(text) -> Markup:
     """Text with erased content and de-identification placeholders shown as such: "[erased]" (its
-    subject's key was destroyed) and "[NAME]", "[MRN]", ... (an identifier replaced before the item
-    became memory) become labelled spans; the text around them is escaped as usual. The view only
+    subject's key was destroyed) and "[NAME]", "[AGE 90+]", ... (an identifier replaced before the item
+    became memory) become spans titled with what they stand for ("an age over 89"); the text around them is escaped as usual. The view only
     ever has the stored, opened text: an erased original is not in the process to be shown."""
     def span(m: re.Match) -> str:
         kind = m.group(1)
         if kind == "erased":
             return '<span class="redacted erased" title="erased: the subject\'s key was destroyed">[erased]</span>'
         return (f'<span class="redacted placeholder" data-placeholder="{kind}" '
-                f'title="placeholder: a {kind.lower()} was removed before this became memory">[{kind}]</span>')
+                f'title="{escape(_MEANING[kind].capitalize())} was removed before this became memory">[{kind}]</span>')
     return Markup(_MARKED.sub(span, str(escape("" if text is None else str(text)))))
 
 
