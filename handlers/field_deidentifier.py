@@ -25,13 +25,16 @@ proper nouns, so a tagger without data stands in (`_tag`: a capitalised token is
 
 Determinism: the result is a pure function of the text, the tool's version and its configuration (the
 `settings()` a run records; `config_digest` covers the tool's filter file and this module's own rules,
-`RULES_VERSION`). Each distinct text is read once a process (`find` memoises by the settings and the
-text's sha256): the tool costs 5-80 ms a text.
+`RULES_VERSION`). Each distinct text is read once a machine: `find` memoises by the settings and the text,
+and keeps each result in the machine's de-identification cache (store/machine_cache.py, keyed by
+`text_key`: settings digest and the text's sha256), so other processes, workers and permutations read
+it back; the tool costs 5-80 ms a text, a cached text well under one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -40,6 +43,7 @@ from pathlib import Path
 
 from grandrounds.handlers.text import STOPWORDS
 from grandrounds.store.errors import GrandroundsError
+from grandrounds.store.machine_cache import span_cache
 
 TOOL = "philter-lite"
 TOOL_VERSION = "0.6.0"
@@ -319,9 +323,8 @@ def _merge(text: str, spans: list[Found]) -> list[Found]:
     return merged
 
 
-@lru_cache(maxsize=65536)
-def _find(digest: str, text: str) -> tuple[Found, ...]:
-    del digest  # (the key: the same text under other settings is another entry)
+def _compute(text: str) -> tuple[Found, ...]:
+    """What the tool and our rules find in `text` (no cache)."""
     tool = _tool_spans(text)
     spans = _extend_names(text, _merge(text, _rule_spans(text) + [piece for f in tool for piece in _keep_years(f)]))
     ages = []
@@ -354,10 +357,56 @@ def _extend_names(text: str, spans: list[Found]) -> list[Found]:
 
 
 def find(text: str) -> tuple[Found, ...]:
-    """The identifier spans of `text`, ordered and not overlapping (memoised by settings and text)."""
+    """The identifier spans of `text`, ordered and not overlapping: memoised in the process, then read
+    from the machine's de-identification cache (store/machine_cache.py, by `text_key`), and only then
+    computed by the tool (whose filters load on the first text no cache holds)."""
     if not text or not text.strip():
         return ()
-    return _find(settings()["config_digest"], text)
+    digest = settings()["config_digest"]
+    memo = _MEMO.get((digest, text))
+    if memo is not None:
+        return memo
+    cache = span_cache()
+    key = text_key(text) if cache is not None else ""
+    found = _from_json(text, cache.get(key)) if cache is not None else None
+    if found is None:
+        found = _compute(text)
+        if cache is not None:
+            cache.put(key, _to_json(found))
+    if len(_MEMO) >= 65536:  # a long stream: keep the recent texts only
+        del _MEMO[next(iter(_MEMO))]
+    _MEMO[(digest, text)] = found
+    return found
+
+
+_MEMO: dict[tuple[str, str], tuple[Found, ...]] = {}
+
+
+def _to_json(found: tuple[Found, ...]) -> str:
+    return json.dumps([[f.start, f.stop, f.kind, f.certain] for f in found], separators=(",", ":"))
+
+
+def _from_json(text: str, raw: str | None) -> tuple[Found, ...] | None:
+    """The spans a cache row holds, or None when it holds none or anything but spans of this text: each
+    [start, stop, kind, certain] with 0 <= start < stop <= len(text), in order, not overlapping, and a
+    kind of `KINDS` (the span's text is the text's own slice, so a row cannot bring words of its own)."""
+    if raw is None:
+        return None
+    try:
+        rows = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(rows, list):
+        return None
+    out: list[Found] = []
+    at = 0
+    for r in rows:
+        if not (isinstance(r, list) and len(r) == 4 and all(type(x) is int for x in r[:2])
+                and r[2] in KINDS and type(r[3]) is bool and at <= r[0] < r[1] <= len(text)):
+            return None
+        out.append(Found(r[0], r[1], r[2], r[3], text[r[0]:r[1]]))
+        at = r[1]
+    return tuple(out)
 
 
 def redact(text: str, placeholders: dict[str, str] = PLACEHOLDERS) -> str:

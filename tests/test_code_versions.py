@@ -49,11 +49,11 @@ def test_verify_names_the_de_identifier_settings_when_they_changed_the_bytes(db_
     real = field_deidentifier._rule_spans
     monkeypatch.setattr(field_deidentifier, "_rule_spans", lambda text: real(text) + [
         field_deidentifier.Found(m.start(), m.end(), "name", True, m.group()) for m in re.finditer("fever", text)])
-    field_deidentifier._find.cache_clear()
+    field_deidentifier._MEMO.clear()
     try:
         out = _verify(db_copy, "src")
     finally:
-        field_deidentifier._find.cache_clear()
+        field_deidentifier._MEMO.clear()
     assert not out["identical"], out
     assert any("de-identifier: recorded with philter-lite 0.6.0, rules 1" in d for d in out["code_versions"]["differences"]), out
 

@@ -5,6 +5,7 @@ a date kept), typed; pure and memoised by settings and text."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from grandrounds.handlers import field_deidentifier as fd
+from grandrounds.store.machine_cache import MachineSpanCache, span_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,9 +118,56 @@ def test_a_text_is_read_once(monkeypatch):
     real = fd._tool_spans
     monkeypatch.setattr(fd, "_tool_spans", lambda t: calls.append(t) or real(t))
     text = "Mr Bartholomew Ignatius Fennimore-Oduya was seen on 4 June 2020 with haemoptysis."
-    fd._find.cache_clear()
+    monkeypatch.setenv("GRANDROUNDS_EMBEDDING_CACHE", "off")  # the process memo alone
+    fd._MEMO.clear()
     first = fd.find(text)
     assert fd.find(text) == first and len(calls) == 1
+
+
+def _fresh_cache(monkeypatch, folder) -> MachineSpanCache:
+    monkeypatch.setenv("GRANDROUNDS_EMBEDDING_CACHE", str(folder))
+    fd._MEMO.clear()
+    cache = span_cache()
+    assert cache is not None and cache.path.parent == folder
+    return cache
+
+
+def test_a_text_is_read_once_a_machine_and_a_warm_process_loads_no_filter(monkeypatch, tmp_path):
+    """Another process (a worker, a permutation, the next run) reads the spans back from the machine's
+    de-identification cache, keyed by settings and the text's sha256: the tool's filters never load."""
+    text = "Mrs Winifred Ashcombe-Lydgate of Little Snoring, aged 93, phone 01632 960 123, seen 4 June 2020."
+    cache = _fresh_cache(monkeypatch, tmp_path / "m")
+    first = fd.find(text)
+    assert cache.writes == 1 and cache.get(fd.text_key(text)) is not None
+    prog = ("import json, sys\nfrom grandrounds.handlers import field_deidentifier as fd\n"
+            "spans = [[f.start, f.stop, f.kind, f.certain, f.text] for f in fd.find(sys.argv[1])]\n"
+            "print(json.dumps([spans, fd._tool.cache_info().currsize]))")
+    out = subprocess.run([sys.executable, "-c", prog, text], capture_output=True, text=True, check=True, timeout=300,
+                         env={**os.environ, "GRANDROUNDS_EMBEDDING_CACHE": str(tmp_path / "m")})
+    spans, loaded = json.loads(out.stdout)
+    assert spans == [[f.start, f.stop, f.kind, f.certain, f.text] for f in first] and loaded == 0
+
+
+@pytest.mark.parametrize("row", ["not json", "{}", '[[0, 9999, "name", false]]', '[[0, 4, "person", false]]',
+                                 '[[5, 9, "name", false], [0, 3, "name", true]]', '[[0, 4, "name", 1]]',
+                                 '[[0.0, 4, "name", false]]', '[[0, 4, "name"]]'])
+def test_a_cache_row_that_is_not_spans_of_the_text_is_recomputed_and_replaced(monkeypatch, tmp_path, row):
+    text = "Mr Bartholomew Fennimore was seen on 4 June 2020 with haemoptysis."
+    monkeypatch.setenv("GRANDROUNDS_EMBEDDING_CACHE", "off")
+    fd._MEMO.clear()
+    truth = fd.find(text)
+    cache = _fresh_cache(monkeypatch, tmp_path / "m")
+    cache.put(fd.text_key(text), row)
+    assert fd.find(text) == truth
+    assert json.loads(cache.get(fd.text_key(text))) == [[f.start, f.stop, f.kind, f.certain] for f in truth]
+
+
+def test_a_row_brings_no_words_of_its_own(monkeypatch, tmp_path):
+    """A row is offsets into the text: whatever it claims, a span's text is the text's own slice."""
+    text = "Seen with haemoptysis."
+    cache = _fresh_cache(monkeypatch, tmp_path / "m")
+    cache.put(fd.text_key(text), '[[0, 4, "name", true]]')
+    assert [(f.text, f.kind) for f in fd.find(text)] == [("Seen", "name")]
 
 
 @pytest.mark.parametrize("bad", ["", "   ", "\n"])
