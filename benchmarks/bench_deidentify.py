@@ -187,7 +187,7 @@ def as_table(r: dict) -> dict:
         "about": ("Content words (tokens of 2+ letters or digits, stopwords excluded) of identifier-free texts "
                   "that the de-identified text still holds: handlers/field_deidentifier.py (philter-lite with "
                   "the Safe Harbor rules it lacks) beside the k-subjects word rule at k = 3 (the texts as one "
-                  "stream, a subject each). One text at a time, not yet stored memory: memory adds the k-subjects evidence for the words the tool flags but cannot place (pattern set 3)."),
+                  "stream, a subject each). One text at a time, not yet stored memory: memory adds the k-subjects evidence for the words the tool flags but cannot place (pattern sets 3 and 4)."),
         "source": "python benchmarks/bench_deidentify.py --sample 300 --json benchmarks/results/deidentify.json",
         "columns": ["texts", "n", "content words", "kept, field tool", "kept, word rule k=3",
                     "the field tool removed most often"],

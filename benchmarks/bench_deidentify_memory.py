@@ -12,7 +12,8 @@ with an empty machine cache of its own (a temporary folder), and the benchmark r
   with what it held before de-identification (the writer's `Deidentifier.scrub_dumped`, wrapped here): the
   share of its content-word occurrences (bench_deidentify.py `kept_share`) the stored event still holds.
 - **Identifier hits across subjects** on the authored free-text PHI streams (tests/fixtures/
-  freetext_identifiers*.jsonl and their truth files): any identifier of a patient in any event of another
+  freetext_identifiers*.jsonl and their truth files; the third, and the identifier-free
+  clinical_eponyms_heldout.jsonl, were authored blind as held-out checks: tests/fixtures/HELDOUT.md): any identifier of a patient in any event of another
   patient's case, or in any memory event (tests/freetext_leaks.py `count_hits`).
 - **Milliseconds a text**, p50 over the identifier-free case texts: cold (the tool, its filters loaded
   before), from the machine cache (a new process's first read: the process memo cleared), from the memo.
@@ -41,7 +42,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_deidentify import content_words, kept_share  # noqa: E402
-from freetext_leaks import FIXTURE, FIXTURE_2, POLICIES, count_hits, truth_of  # noqa: E402
+from freetext_leaks import (EPONYMS_HELDOUT, FIXTURE, FIXTURE_2, FIXTURE_3, POLICIES, count_hits,  # noqa: E402
+                            truth_of)
 
 from grandrounds.handlers import deidentify, field_deidentifier as tool  # noqa: E402
 from grandrounds.handlers.deidentify import case_text  # noqa: E402
@@ -120,7 +122,7 @@ def run(policy: str, cases: Path, db: Path, extra_args: list[str]) -> tuple[dict
 
 
 def identifier_free_streams(tmp: Path, sample: int) -> dict[str, tuple[Path, list[str]]]:
-    streams = {"examples/cases.jsonl": (EXAMPLES, [])}
+    streams = {"examples/cases.jsonl": (EXAMPLES, []), "held-out eponyms (authored blind)": (EPONYMS_HELDOUT, [])}
     if CHEST.exists():
         chest = tmp / "chest.jsonl"
         write_cases(load_chestagentbench(CHEST, limit=sample), chest)
@@ -167,7 +169,7 @@ def memory(tmp: Path, sample: int) -> tuple[list[dict], list[dict]]:
                               "placeholders": out.get("deidentified", {}),
                               "most_lost": [w for w, _ in sorted(lost.items(), key=lambda kv: (-kv[1], kv[0]))[:8]]})
             print(json.dumps(retention[-1]), flush=True)
-        for stream in (FIXTURE, FIXTURE_2):
+        for stream in (FIXTURE, FIXTURE_2, FIXTURE_3):
             out, events = run(policy, stream, tmp / f"{policy}-phi-{stream.stem}.duckdb", [])
             found = count_hits(events, truth_of(stream))
             hits.append({"policy": policy, "stream": f"tests/fixtures/{stream.name}", "cases": out["cases"],
@@ -255,8 +257,9 @@ def as_table(r: dict) -> dict:
         "title": "Stored memory under the field de-identifier, per policy",
         "about": ("Content words of every memory event that the stored event still holds, on identifier-free "
                   "streams (events written by the policy), and identifiers of one patient found in another "
-                  "patient's events or in any memory event, on the authored free-text PHI streams; pattern set 3, "
-                  "each policy's defaults."),
+                  "patient's events or in any memory event, on the authored free-text PHI streams (the third and "
+                  "the held-out eponyms authored blind: tests/fixtures/HELDOUT.md); pattern set 4, each "
+                  "policy's defaults."),
         "source": ("python benchmarks/bench_deidentify_memory.py --sample 30 --repeats 5 "
                    "--json benchmarks/results/deidentify_memory.json"),
         "columns": ["policy", *[f"kept: {s}" for s in streams], *[f"hits: {Path(s).name}" for s in phi]],

@@ -17,13 +17,14 @@ from grandrounds.handlers.stages import STAGE_VERSIONS
 
 def code_versions(policy: Any) -> dict[str, Any]:
     """This build's versions for a run of `policy` (a policy config); with the field de-identifier
-    (`deidentify_patterns` 3) also its settings: the tool, its version, our rules' version and a digest
+    (`deidentify_patterns` 3 or 4) also its settings: the tool, its version, our rules' version and a digest
     of the configuration (handlers/field_deidentifier.py `settings`)."""
     out: dict[str, Any] = {"policy": type(policy).code_version, "stages": dict(STAGE_VERSIONS)}
-    if getattr(policy, "deidentify_patterns", 1) >= 3:
-        from grandrounds.handlers.field_deidentifier import settings
+    patterns = getattr(policy, "deidentify_patterns", 1)
+    if patterns >= 3:
+        from grandrounds.handlers.field_deidentifier import rules_version, settings
 
-        out["deidentifier"] = settings()
+        out["deidentifier"] = settings(rules_version(patterns))
     return out
 
 

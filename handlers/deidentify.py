@@ -31,7 +31,9 @@ rules it lacks) reads the case's text once and its spans become exact terms of p
 tool flags but cannot place (a capitalised word on none of its lists: a surname, a village, or an eponym
 such as "Kussmaul"): kept when at least k subjects' cases hold every word of it, withheld as its kind
 otherwise. Every other word of the case is kept, so memory keeps its findings. The tool's versions and
-configuration digest are recorded in `run.started` (handlers/code_versions.py).
+configuration digest are recorded in `run.started` (handlers/code_versions.py). Pattern set 4 (the default
+since) is the same with the tool's rules version 2 (more Safe Harbor items found; eponyms, number words,
+countries and seasons not of a year kept: handlers/field_deidentifier.py `_not_identifiers`).
 
 Ids of memory items, case ids, tool names and enum-like fields are not text and are never touched
 (`_KEEP`). The pass is a pure function of the payload and the case, so replays write the same bytes.
@@ -45,7 +47,7 @@ from typing import Any, Callable, Iterable
 
 from grandrounds.handlers.policies.selsm.entity_check import (FHIR_RESOURCE_TYPES, allow_eponyms, entity_candidates,
                                                               find_entities)
-from grandrounds.handlers.field_deidentifier import AREA_CODE_PHONE, INTERNATIONAL_PHONE
+from grandrounds.handlers.field_deidentifier import AREA_CODE_PHONE, INTERNATIONAL_PHONE, rules_version
 from grandrounds.handlers.subject_gate import WITHHELD, WORD, SubjectCounts, gate_text
 from grandrounds.handlers.text import STOPWORDS, key_terms
 from grandrounds.store.event_types import CaseReceived
@@ -261,7 +263,7 @@ _FIELD_KINDS = {"name": "name", "place": "place", "date": "date", "age": "age", 
 """The field tool's kinds (handlers/field_deidentifier.py `KINDS`) -> placeholder types."""
 
 
-def field_terms(text: str, uncommon: frozenset[str] | None) -> list[tuple[str, str]]:
+def field_terms(text: str, uncommon: frozenset[str] | None, rules: int = 1) -> list[tuple[str, str]]:
     """(span, type) of what the field tool finds in a case's text (pattern set 3). A span it only flags as a
     possible name or place (`certain=False`) is kept as vocabulary when every word of it is common, that is
     not in `uncommon` (the case's tokens that fewer than k subjects' cases hold; None: nothing is common);
@@ -269,7 +271,7 @@ def field_terms(text: str, uncommon: frozenset[str] | None) -> list[tuple[str, s
     from grandrounds.handlers import field_deidentifier
 
     out: list[tuple[str, str]] = []
-    for f in field_deidentifier.find(text):
+    for f in field_deidentifier.find(text, rules):
         kind = _FIELD_KINDS[f.kind]
         if not f.certain and kind in ("name", "place"):
             words = [w for w in WORD.findall(f.text.lower()) if len(w) > 1 and w not in STOPWORDS]
@@ -542,7 +544,7 @@ class Deidentifier:
                 self._load_counts()
                 uncommon = self.counts.withheld(case, index)
             if self.patterns >= 3:  # the field tool's spans; the k evidence for what it cannot place only
-                terms += field_terms(case_text(case), uncommon)
+                terms += field_terms(case_text(case), uncommon, rules_version(self.patterns))
             elif uncommon is not None:
                 withheld = uncommon
             mrn = case.get("eval_mrn") or case.get("subject")
@@ -552,7 +554,12 @@ class Deidentifier:
                 resource = lookup(str(mrn)) if lookup is not None else None
                 if resource:
                     terms += patient_terms(resource)
-            terms += stated_terms(case_text(case), self.patterns)
+            stated = stated_terms(case_text(case), self.patterns)
+            if self.patterns >= 4:  # "born in Brazil": a country or US state is no identifier (rules 2)
+                from grandrounds.handlers.field_deidentifier import is_large_place
+
+                stated = [(t, k) for t, k in stated if not (k in ("address", "place") and is_large_place(t))]
+            terms += stated
             allowed = " | ".join(str(v) for v in (case.get("options") or {}).values())
         found = self._scrubbers[key] = SubjectScrubber(terms, allowed, withheld, drop_entries=self.patterns >= 2,
                                                          refill_triggers=self.patterns >= 3)

@@ -49,8 +49,16 @@ TOOL = "philter-lite"
 TOOL_VERSION = "0.6.0"
 """The pinned version (pyproject.toml); another installed version is refused: its filters decide bytes."""
 
-RULES_VERSION = 1
-"""The version of this module's own rules and typing; a change of what they find is a new version."""
+RULES_VERSION = 2
+"""The version of this module's own rules and typing; a change of what they find is a new version. Every
+version stays runnable (`find(text, rules)`): a run records the version it used (de-identifier pattern set
+3 ran rules 1, pattern set 4 runs rules 2, handlers/deidentify.py) and re-executes with it."""
+RULES_VERSIONS = (1, 2)
+
+
+def rules_version(patterns: int) -> int:
+    """The rules version a de-identifier pattern set runs (handlers/deidentify.py): 3 ran 1, 4 runs 2."""
+    return 1 if patterns <= 3 else 2
 
 KINDS = ("name", "place", "date", "age", "id", "contact")
 PLACEHOLDERS = {"name": "[NAME]", "place": "[PLACE]", "date": "[DATE]", "age": "[AGE 90+]", "id": "[ID]",
@@ -115,10 +123,190 @@ _ID = [
     re.compile(r"(?<![\w&])#\s?[A-Z]{0,3}-?\d{4,}\b"),
 ]
 
+_ID_FIXED = [re.compile(_ID[0].pattern.replace(r"|unit(?: number| no\.?))", r"|unit(?: number| no\.?))(?![^\W\d_])"),
+                        re.I), *_ID[1:]]
+"""Rules 2: the context word of a record number is a whole word (rules 1 read "platelets 250 000" as a
+plate's number)."""
+assert _ID_FIXED[0].pattern != _ID[0].pattern
+
 _YEAR = re.compile(r"(?<!\d)(?:1[89]\d\d|20\d\d)(?!\d)")
 
+# --- rules version 2 (de-identifier pattern set 4): more Safe Harbor items, and what is medicine, not a name -
 
-def _rule_spans(text: str) -> list[Found]:
+_UNITS = r"(?:one|two|three|four|five|six|seven|eight|nine)"
+_OLD_WORDS = (r"(?:ninety(?:[- ]" + _UNITS + r")?|(?:a|one)[- ]hundred(?:[- ](?:and[- ])?(?:" + _UNITS +
+              r"|ten|eleven|twelve|(?:twen|thir|for|fif)ty(?:[- ]" + _UNITS + r")?))?)")
+_AGES_2 = [
+    re.compile(r"\b(?:aged?|age of)\s+(" + _OLD_WORDS + r")\b", re.I),
+    re.compile(r"\b(" + _OLD_WORDS + r")\b(?![- ](?:" + _UNITS + r")\b)(?!\s*(?:%|per\b|percent|mm|mg|min|sec|beats|"
+               r"breaths|times|kg|cm|ml|units|cases|patients|days|hours|weeks|months|of\b))", re.I),
+    re.compile(r"\b(" + _OLD_WORDS + r"[- ](?:years?|yrs?)[- ]?(?:old|of age)?)(?![\w-])", re.I),
+]
+"""Ages over 89 in words ("aged ninety-two", "a hundred and one years old")."""
+_CONTACT_2 = [
+    re.compile(r"(?<![\w@.])@[A-Za-z0-9_](?:[A-Za-z0-9_.]{0,28}[A-Za-z0-9_])?(?![\w@])"),
+    re.compile(r"\b(?:https?://|www\.)[^\s)\]>,;\"']+", re.I),
+    re.compile(r"\b[a-z0-9][\w-]*(?:\.[a-z0-9][\w-]*)*\.(?:co\.uk|org\.uk|com|org|net|info|io|me|de|fr|es|it|nl|"
+               r"se|no|pl|br|pt|au|ca|in|cn|jp)\b(?:/[^\s)\]>,;\"']*)?", re.I),
+]
+"""Social-media handles, and web addresses with or without a scheme (rules 1 required seven digits in any
+contact, so a URL without digits passed it)."""
+_DATE_2 = [
+    re.compile(r"\b(?:Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)day,?\s+(?:the\s+)?\d{1,2}(?:st|nd|rd|th)\b", re.I),
+    re.compile(r"\b(?:the\s+)?\d{1,2}(?:st|nd|rd|th)\s+of\s+(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\b",
+               re.I),
+    re.compile(r"\b(?:Christmas|New Year'?s?|Boxing|Easter|Thanksgiving|Hallowe'?en|Valentine'?s?)(?:\s+(?:Eve|Day))?"
+               r"(?=\s+(?:of\s+)?(?:1[89]|20)\d\d\b)", re.I),
+]
+"""A day of a month by its weekday or ordinal ("Tuesday 14th", "the 3rd of May"); a holiday of a given year."""
+_ID_CONTEXT_2 = re.compile(
+    r"\b(?i:plate|registration|reg\.?|serial(?: number| no\.?)?|VIN|device(?: ID| number| no\.?)?|"
+    r"ref(?:erence)?\.?(?: no\.?)?|member(?:ship)?(?: ID| number| no\.?)?|policy(?: ID)?)(?![\w])\s*(?:is|:|#|-)?\s*"
+    r"([A-Z0-9](?:[A-Z0-9/-]|\s(?=[A-Z0-9]{2,}\b))+[A-Z0-9])\b")
+"""An identifier a context word introduces, letters and digits together ("plate KX19 ABC", "serial SN-4471-XQ",
+"case ref KX/2231"): the whole code, not only its digits."""
+
+_EPONYM_HEAD = re.compile(
+    r"(?:['’]s)?(?:[- ](?:[A-Z][\w'’]*|and|de|von|van)){0,3}[- ]+(?i:disease|syndrome|sign|signs|phenomenon|lymphoma|"
+    r"sarcoma|tumou?r|test|triad|tetrad|pentad|reflex|node|nodes|nodule|nodules|lesion|lesions|spot|spots|"
+    r"respiration|respirations|breathing|palsy|crisis|pupil|pupils|ring|rings|point|stain|staining|score|criteria|"
+    r"classification|scale|manoeuvre|maneuver|fracture|ulcer|cyst|body|bodies|cell|cells|granules|law|hernia|"
+    r"o?esophagus|encephalopathy|arteritis|thyroiditis|gait|murmur|rash|anomaly|malformation|diverticulum|"
+    r"dementia|chorea|ataxia|dystrophy|disorder|phenomena|procedure|operation|incision|position|line|lines|"
+    r"angle|space|duct|canal|pouch|gland|glands|fossa|fold|cords?|plexus|method|technique|equation|formula|"
+    r"index|ratio|effect|response|triangle|membrane|toxin|bacillus|infection|fever|virus|leukaemia|leukemia|"
+    r"carcinoma|myopathy|neuropathy|neuralgia|contracture|deformity|sequence|protocol|catheter|tube|shunt|"
+    r"bundle|tract|muscle|nerve|artery|vein|loop|valve|solution|agar|medium|forceps|block|pattern|wave|waves|"
+    r"sound|sounds|crackles|lymphadenopathy|tremor|type|variant)\b")
+"""A capitalised word used as an eponym: directly before what it names ("Kussmaul breathing", "Raynaud's
+phenomenon", "Guillain-Barré syndrome", "Hodgkin lymphoma"). A person's name in a note is not followed so."""
+_FACILITY = re.compile(r"\s+(?i:clinic|centre|center|hospital|unit|service|ward|department|practice|surgery|"
+                       r"institute|foundation|trust|society|programme|program|team|group|network|registry|"
+                       r"laboratory|lab|pavilion|wing|suite|office)\b")
+"""After an eponym's head, a facility: the capitalised word names the place ("Vancouver lymphoma clinic")."""
+_AGE_IN_BRACKETS = re.compile(r"[^\W\d_][\w'’-]*[\"”’']?\s*\((" + _OLD + r")\)")
+"""'Harold "Harry" Marrow (101)': an age in brackets right after any capitalised word (rules 2; rules 1 only
+after a span the tool flagged, which a name that is also an ordinary word is not)."""
+_HANDLE = re.compile(r"(?<![\w@.])[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+(?![\w@])")
+"""A user name with an underscore ("tonyzhou_yvr"): no word of a language is written so."""
+_DIGIT_GROUPS = re.compile(r"(?<![\d.,/])\d{2,6}(?:[ -]\d{2,6}){1,4}(?![\d]|[.,/]\d)(?!\s*(?:%|[a-zA-Zµμ]+/|mm|mg|g/|ml|mL|"
+                           r"cells|x|×|IU|U/))")
+"""A number of eight or more digits in groups, whatever names it ("tarjeta sanitaria CACE 5830 0092 61",
+"PHN 9876 543 210"): a count or a measurement is not written so."""
+_ID_DIGITS = 8
+_NUMBER_WORDS = frozenset(
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+    "eighteen nineteen twenty thirty forty fifty sixty seventy eighty hundred thousand".split())
+_SEASON = re.compile(r"(?:spring|summer|autumn|fall|winter)(?:\s+of)?", re.I)
+_SEASON_YEAR = re.compile(r"\s*(?:of\s+)?(?:(?:1[89]|20)\d\d\b|['’]\d\d\b)")
+_LIST_JOIN = re.compile(r"\s*(?:,\s*(?:and\s+|or\s+)?|\s(?:and|or)\s+|/)\s*")
+
+
+def is_large_place(text: str) -> bool:
+    """Whether `text` names a country or a US state (Safe Harbor keeps them; rules 2)."""
+    return text.strip().lower() in _large_places()
+
+
+@lru_cache(maxsize=1)
+def _large_places() -> frozenset[str]:
+    """Countries (ISO 3166: names, common and official names) and US states, lower-cased: Safe Harbor
+    removes geographic subdivisions smaller than a State, so these stay ("emigrated from Brazil")."""
+    import pycountry
+
+    names: set[str] = set()
+    for c in pycountry.countries:
+        names.update(getattr(c, k).lower() for k in ("name", "common_name", "official_name") if hasattr(c, k))
+    names.update(s.name.lower() for s in pycountry.subdivisions.get(country_code="US") if s.type == "State")
+    return frozenset(names)
+
+
+def _rule_spans_2(text: str) -> list[Found]:
+    out: list[Found] = []
+    for pattern in _AGES_2:
+        out += [Found(m.start(1), m.end(1), "age", True, m.group(1)) for m in pattern.finditer(text)]
+    for pattern in _CONTACT_2:
+        for m in pattern.finditer(text):
+            span = m.group().rstrip(".")
+            out.append(Found(m.start(), m.start() + len(span), "contact", True, span))
+    for pattern in _DATE_2:
+        out += [Found(m.start(), m.end(), "date", True, m.group()) for m in pattern.finditer(text)]
+    for m in _ID_CONTEXT_2.finditer(text):
+        if any(c.isdigit() for c in m.group(1)):
+            out.append(Found(m.start(1), m.end(1), "id", True, m.group(1)))
+    out += [Found(m.start(1), m.end(1), "age", True, m.group(1)) for m in _AGE_IN_BRACKETS.finditer(text)]
+    out += [Found(m.start(), m.end(), "contact", True, m.group()) for m in _HANDLE.finditer(text)]
+    out += [Found(m.start(), m.end(), "id", True, m.group()) for m in _DIGIT_GROUPS.finditer(text)
+            if sum(c.isdigit() for c in m.group()) >= _ID_DIGITS]
+    out += _subdivisions(text)
+    return out
+
+
+_CAP_WORD = re.compile(r"[^\W\d_][\w'’-]*")
+
+
+@lru_cache(maxsize=1)
+def _small_places() -> frozenset[str]:
+    """The subdivisions of every country (ISO 3166-2, pycountry), lower-cased, less US states and whatever is
+    also a country: counties, provinces, regions ("Lincolnshire", "Extremadura"), which a field tool's lists of
+    ordinary words may hold."""
+    import pycountry
+
+    large = _large_places()
+    return frozenset(n for n in (s.name.lower() for s in pycountry.subdivisions)
+                     if n not in large and n not in STOPWORDS and len(n) >= 4)
+
+
+def _subdivisions(text: str) -> list[Found]:
+    """Capitalised runs of up to four words that name a subdivision: an uncertain place (the k-subjects
+    evidence decides it, as for any word the tool flags but cannot place: "Down syndrome" is not one)."""
+    words = [m for m in _CAP_WORD.finditer(text)]
+    out: list[Found] = []
+    i = 0
+    while i < len(words):
+        hit = None
+        if words[i].group()[:1].isupper():
+            for n in (4, 3, 2, 1):
+                run = words[i:i + n]
+                if len(run) < n or any(text[a.end():b.start()] != " " for a, b in zip(run, run[1:])):
+                    continue
+                if text[run[0].start():run[-1].end()].lower() in _small_places():
+                    hit = run
+                    break
+        if hit:
+            out.append(Found(hit[0].start(), hit[-1].end(), "place", False, text[hit[0].start():hit[-1].end()]))
+            i += len(hit)
+        else:
+            i += 1
+    return out
+
+
+def _not_identifiers(text: str, spans: list[Found]) -> list[Found]:
+    """Rules 2: the spans that are medicine or allowed, not a patient's identifier, left out. An uncertain
+    name or place used as an eponym (`_EPONYM_HEAD`), or made of number words ("Forty-eight hours");
+    a country or US state after a place cue ("from Brazil") or in a list that one begins ("Mali, Niger
+    and Chad"); a season not of a year ("after a fall"; "in the fall of 2019" stays a date)."""
+    out: list[Found] = []
+    place_list_end = -1
+    for f in spans:
+        low = f.text.lower()
+        if f.kind in ("name", "place"):
+            head = _EPONYM_HEAD.match(text, f.stop) if not f.certain else None
+            if head and not _FACILITY.match(text, head.end()):
+                continue
+            words = [w for w in re.split(r"[\s-]+", low) if w]
+            if not f.certain and words and all(w in _NUMBER_WORDS for w in words):
+                continue
+            if low in _large_places() and (_PLACE_CUE.search(text[max(0, f.start - 24):f.start]) or
+                                           (place_list_end >= 0 and _LIST_JOIN.fullmatch(text[place_list_end:f.start]))):
+                place_list_end = f.stop
+                continue
+        if f.kind == "date" and _SEASON.fullmatch(f.text) and not _SEASON_YEAR.match(text, f.stop):
+            continue
+        out.append(f)
+    return out
+
+
+def _rule_spans(text: str, rules: int = RULES_VERSION) -> list[Found]:
     out: list[Found] = []
     for pattern in _AGES:
         for m in pattern.finditer(text):
@@ -130,7 +318,7 @@ def _rule_spans(text: str) -> list[Found]:
             if "@" not in span and "/" not in span and sum(c.isdigit() for c in span) < _CONTACT_DIGITS:
                 continue  # ("call 999", "number 3"): too few digits for a phone
             out.append(Found(m.start(g), m.start(g) + len(span), "contact", True, span))
-    for pattern in _ID:
+    for pattern in (_ID if rules < 2 else _ID_FIXED):
         for m in pattern.finditer(text):
             g = 1 if pattern.groups else 0
             span = m.group(g).rstrip(" -")
@@ -188,24 +376,38 @@ def _tool():
     return philter_lite, filters
 
 
-def _rules_source() -> str:
+def _rules_source(rules: int) -> str:
     """What our own rules are: the sources of their patterns (a change of one is a change of settings, so
-    the digest moves with it; a change of how they are applied bumps `RULES_VERSION`)."""
+    the digest moves with it; a change of how they are applied bumps `RULES_VERSION`). Rules 2 adds its own
+    patterns and the geography data's version; rules 1's source is exactly what it was."""
     patterns = [*_AGES, _AGE_AFTER_NAME, *_CONTACT, *_ID, _YEAR, _PLACE_CUE, _TOKEN, _JOINS, _NUMERIC_DATE,
                 _NEXT_CAP]
-    return "\n".join(p.pattern for p in patterns) + f"\ncontact digits {_CONTACT_DIGITS}\n"
+    source = "\n".join(p.pattern for p in patterns) + f"\ncontact digits {_CONTACT_DIGITS}\n"
+    if rules >= 2:
+        more = [_ID_FIXED[0], *_AGES_2, *_CONTACT_2, *_DATE_2, _ID_CONTEXT_2, _EPONYM_HEAD, _FACILITY, _AGE_IN_BRACKETS, _HANDLE,
+                _DIGIT_GROUPS, _CAP_WORD, _SEASON, _SEASON_YEAR, _LIST_JOIN]
+        source += "\n".join(p.pattern for p in more) + "\nnumber words " + " ".join(sorted(_NUMBER_WORDS)) + \
+            f"\nid digits {_ID_DIGITS}\ncaseless scripts flagged\n" + \
+            f"\ngeography pycountry=={metadata.version('pycountry')}\n"
+    return source
 
 
-@lru_cache(maxsize=1)
-def settings() -> dict:
+def _check_rules(rules: int) -> None:
+    if rules not in RULES_VERSIONS:
+        raise ToolVersionError(f"de-identifier rules version {rules} is not one this build has "
+                               f"({', '.join(map(str, RULES_VERSIONS))})")
+
+
+@lru_cache(maxsize=4)
+def settings(rules: int = RULES_VERSION) -> dict:
     """What a run records of its de-identifier: versions and a digest of the configuration (the tool's
-    filter file and our rules' patterns); reads no filter into memory."""
+    filter file and our rules' patterns) of rules version `rules`; reads no filter into memory."""
     _check_version()
+    _check_rules(rules)
     filters_digest = hashlib.sha256(_config_bytes()).hexdigest()
-    digest = hashlib.sha256(f"{TOOL}=={TOOL_VERSION}\n{filters_digest}\nrules {RULES_VERSION}\n{_rules_source()}"
+    digest = hashlib.sha256(f"{TOOL}=={TOOL_VERSION}\n{filters_digest}\nrules {rules}\n{_rules_source(rules)}"
                             .encode()).hexdigest()
-    return {"tool": TOOL, "tool_version": TOOL_VERSION, "rules_version": RULES_VERSION,
-            "config_digest": digest}
+    return {"tool": TOOL, "tool_version": TOOL_VERSION, "rules_version": rules, "config_digest": digest}
 
 
 _PLACE_CUE = re.compile(r"(?:\b(?:from|in|of|at|near|to|lives|living|born|village|town|city|county|"
@@ -215,7 +417,7 @@ _PLACE_CUE = re.compile(r"(?:\b(?:from|in|of|at|near|to|lives|living|born|villag
 _TOKEN = re.compile(r"[^\W_]+")
 
 
-def _tool_spans(text: str) -> list[Found]:
+def _tool_spans(text: str, rules: int = RULES_VERSION) -> list[Found]:
     """What the tool masks: every token it does not include (its whitelists and "safe" filters; the
     catch-all masks the rest, as its own `transform_text_asterisk` does), typed where a typed filter
     found it (dates, e-mail, ages) and certain there; otherwise a catch-all token: digits an `id`, a
@@ -240,7 +442,9 @@ def _tool_spans(text: str) -> list[Found]:
             kind, certain = _TOOL_KINDS[_TOOL_TYPES[max(codes) - 2]], True
             if kind == "date" and not _could_be_date(text, a, b):
                 continue
-        elif word.lower() in STOPWORDS or not word[:1].isupper() and not word[:1].isdigit():
+        elif word.lower() in STOPWORDS or not word[:1].isupper() and not word[:1].isdigit() and not (
+                rules >= 2 and word[:1].isalpha() and word[:1].lower() == word[:1].upper()):
+            # (rules 2: a word of a script without case, "周伟明", is flagged as a capitalised one is)
             continue  # untyped, on a lower-case word or a stopword: vocabulary its lists lack ("drinks"), or
             # the context word of a span ("phone" of "phone 01451 820 771", whose digits our rules type)
         elif any(c.isdigit() for c in word):
@@ -323,10 +527,13 @@ def _merge(text: str, spans: list[Found]) -> list[Found]:
     return merged
 
 
-def _compute(text: str) -> tuple[Found, ...]:
-    """What the tool and our rules find in `text` (no cache)."""
-    tool = _tool_spans(text)
-    spans = _extend_names(text, _merge(text, _rule_spans(text) + [piece for f in tool for piece in _keep_years(f)]))
+def _compute(text: str, rules: int = RULES_VERSION) -> tuple[Found, ...]:
+    """What the tool and our rules (of version `rules`) find in `text` (no cache)."""
+    tool = _tool_spans(text, rules)
+    ours = _rule_spans(text, rules) + (_rule_spans_2(text) if rules >= 2 else [])
+    spans = _extend_names(text, _merge(text, ours + [piece for f in tool for piece in _keep_years(f)]))
+    if rules >= 2:
+        spans = _not_identifiers(text, spans)
     ages = []
     for f in spans:  # "Rose Baker (97)", "of Kiruna, 93, is seen"
         if f.kind in ("name", "place"):
@@ -356,21 +563,22 @@ def _extend_names(text: str, spans: list[Found]) -> list[Found]:
     return out
 
 
-def find(text: str) -> tuple[Found, ...]:
-    """The identifier spans of `text`, ordered and not overlapping: memoised in the process, then read
-    from the machine's de-identification cache (store/machine_cache.py, by `text_key`), and only then
-    computed by the tool (whose filters load on the first text no cache holds)."""
+def find(text: str, rules: int = RULES_VERSION) -> tuple[Found, ...]:
+    """The identifier spans of `text` under our rules of version `rules`, ordered and not overlapping:
+    memoised in the process, then read from the machine's de-identification cache (store/machine_cache.py,
+    by `text_key`), and only then computed by the tool (whose filters load on the first text no cache
+    holds)."""
     if not text or not text.strip():
         return ()
-    digest = settings()["config_digest"]
+    digest = settings(rules)["config_digest"]
     memo = _MEMO.get((digest, text))
     if memo is not None:
         return memo
     cache = span_cache()
-    key = text_key(text) if cache is not None else ""
+    key = text_key(text, rules) if cache is not None else ""
     found = _from_json(text, cache.get(key)) if cache is not None else None
     if found is None:
-        found = _compute(text)
+        found = _compute(text, rules)
         if cache is not None:
             cache.put(key, _to_json(found))
     if len(_MEMO) >= 65536:  # a long stream: keep the recent texts only
@@ -409,10 +617,10 @@ def _from_json(text: str, raw: str | None) -> tuple[Found, ...] | None:
     return tuple(out)
 
 
-def redact(text: str, placeholders: dict[str, str] = PLACEHOLDERS) -> str:
+def redact(text: str, placeholders: dict[str, str] = PLACEHOLDERS, rules: int = RULES_VERSION) -> str:
     """`text` with each span replaced by its kind's placeholder (adjacent ones of a kind as one)."""
     out, at = [], 0
-    for f in find(text):
+    for f in find(text, rules):
         gap = text[at:f.start]
         tag = placeholders[f.kind]
         if out and out[-1] == tag and not gap.strip(" -/."):
@@ -424,7 +632,7 @@ def redact(text: str, placeholders: dict[str, str] = PLACEHOLDERS) -> str:
     return "".join(out)
 
 
-def text_key(text: str) -> str:
+def text_key(text: str, rules: int = RULES_VERSION) -> str:
     """The cache key of a text's result: settings digest and the text's sha256 (a persistent cache's key,
     as the embedding cache keys its vectors)."""
-    return settings()["config_digest"] + ":" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return settings(rules)["config_digest"] + ":" + hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -29,6 +29,11 @@ FIXTURE_2 = ROOT / "tests" / "fixtures" / "freetext_identifiers_2.jsonl"
 relatives' and clinicians' names, rare and non-English places, e-mail, national numbers, written dates,
 ages over 89 and phones in several layouts."""
 
+FIXTURE_3 = ROOT / "tests" / "fixtures" / "freetext_identifiers_3.jsonl"
+"""A third stream, authored blind (tests/fixtures/HELDOUT.md): a held-out check, never a source of patterns."""
+EPONYMS_HELDOUT = ROOT / "tests" / "fixtures" / "clinical_eponyms_heldout.jsonl"
+"""Identifier-free vignettes dense in eponyms, authored blind (tests/fixtures/HELDOUT.md)."""
+
 POLICIES = {
     "evo-medagent": 'name = "evo-medagent"\n',
     "skemex": 'name = "skemex"\nwindow = 1\nbuffer_gating = false\n',

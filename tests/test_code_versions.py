@@ -36,6 +36,9 @@ def test_a_run_records_its_policy_and_stage_code_versions(recorded_db):
         "deidentifier": field_settings()}
     # a policy on an earlier de-identifier pattern set records no field tool (runs recorded before issue 41)
     assert "deidentifier" not in code_versions(EvoMedAgentPolicy(deidentify_patterns=2))
+    # pattern set 3 ran the tool's rules version 1, and its runs re-execute with it
+    assert code_versions(EvoMedAgentPolicy(deidentify_patterns=3))["deidentifier"] == field_settings(1)
+    assert field_settings()["rules_version"] == 2
 
 
 def test_verify_names_the_de_identifier_settings_when_they_changed_the_bytes(db_copy, monkeypatch):
@@ -45,9 +48,9 @@ def test_verify_names_the_de_identifier_settings_when_they_changed_the_bytes(db_
 
     recorded = field_settings()
     changed = {**recorded, "rules_version": recorded["rules_version"] + 1, "config_digest": "0" * 64}
-    monkeypatch.setattr(field_deidentifier, "settings", lambda: changed)
+    monkeypatch.setattr(field_deidentifier, "settings", lambda rules=2: changed)
     real = field_deidentifier._rule_spans
-    monkeypatch.setattr(field_deidentifier, "_rule_spans", lambda text: real(text) + [
+    monkeypatch.setattr(field_deidentifier, "_rule_spans", lambda text, rules=2: real(text, rules) + [
         field_deidentifier.Found(m.start(), m.end(), "name", True, m.group()) for m in re.finditer("fever", text)])
     field_deidentifier._MEMO.clear()
     try:
@@ -55,7 +58,7 @@ def test_verify_names_the_de_identifier_settings_when_they_changed_the_bytes(db_
     finally:
         field_deidentifier._MEMO.clear()
     assert not out["identical"], out
-    assert any("de-identifier: recorded with philter-lite 0.6.0, rules 1" in d for d in out["code_versions"]["differences"]), out
+    assert any(f"de-identifier: recorded with philter-lite 0.6.0, rules {recorded['rules_version']}" in d for d in out["code_versions"]["differences"]), out
 
 
 def test_verify_names_the_versions_when_a_bumped_stage_changed_the_bytes(db_copy, monkeypatch):

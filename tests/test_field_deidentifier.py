@@ -65,8 +65,10 @@ def test_clinical_text_is_kept():
 def test_an_eponym_is_flagged_but_not_certain():
     """What the catch-all flags (an eponym, a surname) is `certain=False`: the k-subjects evidence decides it
     across patients (issue 41 part 2), not this text alone."""
-    found = [f for f in fd.find("polyuria and Kussmaul breathing") if f.text == "Kussmaul"]
+    found = [f for f in fd.find("polyuria and Kussmaul breathing", rules=1) if f.text == "Kussmaul"]
     assert found and not found[0].certain
+    found = [f for f in fd.find("polyuria; the breathing was Kussmaul.") if f.text == "Kussmaul"]
+    assert found and not found[0].certain  # rules 2: not before what it names, still flagged
     assert all(f.certain for f in fd.find("aged 93, phone (555) 0100-7000"))
 
 
@@ -88,9 +90,56 @@ def test_settings_pin_the_tool_and_digest_the_configuration():
     assert fd.text_key("x").startswith(s["config_digest"] + ":")
 
 
+def test_rules_version_1_is_what_runs_recorded_with_it():
+    """Pattern set 3 runs re-execute with rules 1: its digest is the one they recorded, its results too."""
+    assert fd.settings(1)["config_digest"].startswith("a6bbf4c1afbd8d98")
+    assert fd.settings(2)["config_digest"] != fd.settings(1)["config_digest"]
+    assert fd.redact("Addison disease after a fall; aged ninety-two", rules=1) == "[NAME] disease after a [DATE]; aged ninety-two"
+    with pytest.raises(fd.ToolVersionError):
+        fd.settings(3)
+
+
+@pytest.mark.parametrize("text, out", [
+    ("She is aged ninety-two and lives alone", "She is aged [AGE 90+] and lives alone"),
+    ("a hundred and one years old", "[AGE 90+]"),
+    ("plate KX19 ABC, serial SN-4471-XQ", "plate [ID], serial [ID]"),
+    ("@jk_oyelaran posts daily", "[CONTACT] posts daily"),
+    ("see www.oyelaran-family.com or oyelaran.org.uk", "see [CONTACT] or [CONTACT]"),
+    ("seen Tuesday 14th and on the 3rd of May", "seen [DATE] and on [DATE]"),
+    ("admitted on Christmas Eve 2019", "admitted on [DATE] 2019"),
+    ("in the fall of 2019 she had a fall", "in the [DATE] 2019 she had a fall"),
+])
+def test_rules_2_find_more_safe_harbor_items(text, out):
+    assert fd.redact(text) == out
+
+
+@pytest.mark.parametrize("text", [
+    "Addison disease and Parkinson disease", "Hodgkin lymphoma with Graves disease", "Raynaud’s phenomenon",
+    "Kayser-Fleischer rings in Wilson disease", "Janeway lesions and Roth spots", "Stevens-Johnson syndrome",
+    "Forty-eight hours later", "emigrated from Mali, Niger and Chad", "travel to Thailand and India and Brazil",
+    "returned from Texas and California", "a fall at home",
+])
+def test_rules_2_keep_what_is_medicine_or_allowed(text):
+    assert fd.redact(text) == text
+
+
+@pytest.mark.parametrize("text, gone", [
+    ("Georgia returns with a cough", "Georgia"),  # a country's name, as a person's: no place cue
+    ("Bill Baker has a Baker cyst", "Bill"),
+    ("Grace Field was seen with a rash", "Field"),  # "with a rash" follows, not what the name names
+    ("Dr Amelia Stone at Windrush Surgery", "Windrush"),
+])
+def test_rules_2_still_remove_a_name_near_medicine(text, gone):
+    assert gone not in fd.redact(text)
+
+
 def test_the_pinned_tool_is_what_pyproject_declares():
     text = (ROOT / "pyproject.toml").read_text()
     assert f'"philter-lite=={fd.TOOL_VERSION}"' in text
+    # rules 2's geography (countries, US states, ISO 3166-2 subdivisions): pinned, its version in the digest
+    from importlib import metadata
+
+    assert f'"pycountry=={metadata.version("pycountry")}"' in text
 
 
 def test_nltk_data_is_never_read(monkeypatch):
@@ -116,7 +165,7 @@ def test_the_result_is_the_same_in_a_fresh_process():
 def test_a_text_is_read_once(monkeypatch):
     calls = []
     real = fd._tool_spans
-    monkeypatch.setattr(fd, "_tool_spans", lambda t: calls.append(t) or real(t))
+    monkeypatch.setattr(fd, "_tool_spans", lambda t, rules=fd.RULES_VERSION: calls.append(t) or real(t, rules))
     text = "Mr Bartholomew Ignatius Fennimore-Oduya was seen on 4 June 2020 with haemoptysis."
     monkeypatch.setenv("GRANDROUNDS_EMBEDDING_CACHE", "off")  # the process memo alone
     fd._MEMO.clear()

@@ -10,7 +10,8 @@ repository); where they are absent its tests skip, naming the missing file.
 
 A change that alters the event bytes of a run fails here; if the change is deliberate, regenerate the logs
 with `python scripts/golden_logs.py` and say so in the commit message. tests/golden/patterns-v2/ holds the
-same runs as recorded before issue 41 (de-identifier pattern set 2): they must verify too.
+same runs as recorded before issue 41 (de-identifier pattern set 2), tests/golden/patterns-v3/ as recorded
+with pattern set 3 (the field tool's rules version 1): they must verify too.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from grandrounds.store.embeddings import EmbeddingCache, shared_minilm
 from grandrounds.store.eventstore import EventStore
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-PREVIOUS = GOLDEN / "patterns-v2"
-"""The same runs as recorded before issue 41 (de-identifier pattern set 2, the k-subjects rule on every word):
-they re-execute with their own recorded settings, so a log written before a deliberate change still verifies."""
-LOGS = sorted(GOLDEN.glob("*.jsonl")) + sorted(PREVIOUS.glob("*.jsonl"))
+PREVIOUS = {GOLDEN / "patterns-v2": 2, GOLDEN / "patterns-v3": 3}
+"""The same runs as recorded before (de-identifier pattern set 2, the k-subjects rule on every word; pattern set
+3, the field tool's rules version 1), by the pattern set they recorded: they re-execute with their own recorded
+settings, so a log written before a deliberate change still verifies."""
+CURRENT_PATTERNS = 4
+LOGS = sorted(GOLDEN.glob("*.jsonl")) + [p for folder in PREVIOUS for p in sorted(folder.glob("*.jsonl"))]
 LOG_IDS = [str(p.relative_to(GOLDEN).with_suffix("")) for p in LOGS]
 POLICIES = {"evo-medagent", "evo-medagent-tools", "skemex", "selsm", "retrosum", "precedent", "long-context", "none"}
 MODEL_RUNS = {"model-evo-medagent"}
@@ -54,18 +57,20 @@ def _load(path: Path):
 
 
 def test_there_is_a_golden_log_per_policy_model_run_and_environment():
-    for folder in (GOLDEN, PREVIOUS):
+    for folder in (GOLDEN, *PREVIOUS):
         names = {p.stem for p in folder.glob("*.jsonl")}
         assert POLICIES | MODEL_RUNS | set(ENVIRONMENTS) <= names, folder
 
 
 def test_the_golden_logs_are_of_the_de_identifier_they_stand_for():
-    """This build's logs record pattern set 3 and the field tool's settings; the previous ones pattern set 2."""
-    for folder, patterns in ((GOLDEN, 3), (PREVIOUS, 2)):
+    """This build's logs record pattern set 4 and the field tool's settings of rules 2; the previous ones
+    pattern set 2 (no field tool) and 3 (its rules 1)."""
+    for folder, patterns in ((GOLDEN, CURRENT_PATTERNS), *PREVIOUS.items()):
         for path in folder.glob("*.jsonl"):
             started = load_jsonl(path)[0].payload
             assert started["policy"].get("deidentify_patterns", 1) == patterns, path
-            assert ("deidentifier" in (started.get("code") or {})) == (patterns == 3), path
+            tool = (started.get("code") or {}).get("deidentifier")
+            assert (tool or {}).get("rules_version") == {2: None, 3: 1, 4: 2}[patterns], path
 
 
 def test_the_golden_logs_are_the_runs_they_are_named_for():

@@ -25,12 +25,16 @@ class PolicyBase(_Config):
     name: str
     memory_min_subjects: int = Field(3, ge=1)
     """The k-subjects rule (handlers/subject_gate.py): a word of a case's text that the field tool flags
-    as a possible name or place (deidentify_patterns = 3; every word with 2) enters memory text
+    as a possible name or place (deidentify_patterns = 3 or 4; every word with 2) enters memory text
     (trigger, summary, guideline, rule, skill, lesson, episode) only once the cases of at least this many
     distinct subjects hold it, so a surname or a village that one patient's cases alone hold never
     becomes memory, while an eponym (Kussmaul, Crohn) does. 1: off (runs recorded before the rule)."""
-    deidentify_patterns: int = Field(3, ge=1, le=3)
-    """The de-identifier's pattern set: 3 adds a field de-identification tool (philter-lite, pinned, with
+    deidentify_patterns: int = Field(4, ge=1, le=4)
+    """The de-identifier's pattern set: 4 (the default since issue 41's held-out check) is 3 with the field
+    tool's rules version 2: ages over 89 in words, social-media handles, web addresses without digits,
+    weekday and ordinal dates, codes a context word introduces; and what is medicine or allowed stays (a
+    capitalised word before what it names, "Kussmaul breathing", "Addison disease"; number words; a
+    country or US state after a place cue; a season not of a year). 3 adds a field de-identification tool (philter-lite, pinned, with
     the Safe Harbor rules it lacks: handlers/field_deidentifier.py) read on the case text, and the
     k-subjects rule then decides only the words the tool flags but cannot place (eponyms pass, a
     patient's surname does not); every other word of the case is kept. 2: names without an honorific,
