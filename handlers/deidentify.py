@@ -47,7 +47,8 @@ from typing import Any, Callable, Iterable
 
 from grandrounds.handlers.policies.selsm.entity_check import (FHIR_RESOURCE_TYPES, allow_eponyms, entity_candidates,
                                                               find_entities)
-from grandrounds.handlers.field_deidentifier import AREA_CODE_PHONE, INTERNATIONAL_PHONE, rules_version
+from grandrounds.handlers.field_deidentifier import (AREA_CODE_PHONE, INTERNATIONAL_PHONE, is_large_place,
+                                                     rules_version)
 from grandrounds.handlers.subject_gate import WITHHELD, WORD, SubjectCounts, gate_text
 from grandrounds.handlers.text import STOPWORDS, key_terms
 from grandrounds.store.event_types import CaseReceived
@@ -70,7 +71,7 @@ MEANINGS = {
     "withheld": "a word fewer than k patients' cases hold", "place": "a place",
     "age": "an age over 89", "contact": "a phone, fax or e-mail contact",
 }
-"""What each placeholder stands for, in words (the web view's titles; docs/patient-data.md's table)."""
+"""What each placeholder stands for, in words (the web view's titles, grandrounds/ui/app.py)."""
 
 _PLACEHOLDER_RE = re.compile("|".join(re.escape(v) for v in PLACEHOLDERS.values()))
 _PLACEHOLDERS_ONLY = re.compile(r"(?:\s*(?:" + _PLACEHOLDER_RE.pattern + r")[\s,;:-]*)+")
@@ -556,8 +557,6 @@ class Deidentifier:
                     terms += patient_terms(resource)
             stated = stated_terms(case_text(case), self.patterns)
             if self.patterns >= 4:  # "born in Brazil": a country or US state is no identifier (rules 2)
-                from grandrounds.handlers.field_deidentifier import is_large_place
-
                 stated = [(t, k) for t, k in stated if not (k in ("address", "place") and is_large_place(t))]
             terms += stated
             allowed = " | ".join(str(v) for v in (case.get("options") or {}).values())
