@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import provenance  # noqa: E402
 
 from grandrounds.handlers import field_deidentifier as tool  # noqa: E402
 from grandrounds.handlers.subject_gate import WITHHELD, SubjectCounts, gate_text  # noqa: E402
@@ -202,6 +203,7 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=300, help="texts taken from each shared-data set")
     ap.add_argument("--json", default=None, help="write the results here too")
     args = ap.parse_args()
+    at = provenance.measured()  # before the run: the build measured, whatever happens to the tree meanwhile
     started = time.perf_counter()
     sets = identifier_free_sets(args.sample)
     os.environ["GRANDROUNDS_EMBEDDING_CACHE"] = "off"  # one process's own reads: the machine cache is the other benchmark's
@@ -214,7 +216,7 @@ def main() -> None:
               "load_seconds": round(load_seconds, 2), "seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(result, indent=2))
     if args.json:
-        Path(args.json).write_text(json.dumps(as_table(result), indent=2, ensure_ascii=False) + "\n")
+        provenance.write_results(args.json, {**as_table(result), "measured": at})
 
 
 if __name__ == "__main__":

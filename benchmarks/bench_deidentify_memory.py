@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
+import provenance  # noqa: E402
 
 from bench_deidentify import content_words, kept_share  # noqa: E402
 from freetext_leaks import (EPONYMS_HELDOUT, FIXTURE, FIXTURE_2, FIXTURE_3, POLICIES, count_hits,  # noqa: E402
@@ -275,6 +276,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of the README main job in each mode")
     ap.add_argument("--json", default=None, help="write the results file here too")
     args = ap.parse_args()
+    at = provenance.measured()  # before the run: the build measured, whatever happens to the tree meanwhile
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -289,10 +291,7 @@ def main() -> None:
                   "job": job(tmp, args.repeats), "seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps({k: v for k, v in result.items() if k not in ("retention", "hits")}, indent=2))
     if args.json:
-        out = Path(args.json)
-        tmp_out = out.with_suffix(".json.tmp")
-        tmp_out.write_text(json.dumps(as_table(result), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp_out, out)
+        provenance.write_results(args.json, {**as_table(result), "measured": at})
 
 
 if __name__ == "__main__":

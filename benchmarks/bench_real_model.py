@@ -43,6 +43,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from provenance import measured_line  # noqa: E402  (benchmarks/ is not a package)
+
 TRAIN = ROOT / "examples" / "recurring_train.jsonl"
 TEST = ROOT / "examples" / "recurring_test.jsonl"
 POLICIES = ("none", "precedent", "long-context", "evo-medagent", "skemex", "selsm", "retrosum")
@@ -166,6 +169,8 @@ def render_block(doc) -> str:
     if meta:
         lines.append("")
         lines += [f"- {k}: {v}" for k, v in meta.items()]
+    if isinstance(doc, dict) and "measured" in doc:
+        lines.append(f"- {measured_line(doc, 'the real-model results')}")
     return f"{BEGIN}\n" + "\n".join(lines) + f"\n{END}"
 
 

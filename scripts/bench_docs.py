@@ -1,20 +1,25 @@
-"""Render the benchmark figures of docs/benchmarks.md from the recorded results in benchmarks/results/.
+"""Render every measured figure of the docs from the recorded results in benchmarks/results/.
 
-    python scripts/bench_docs.py           # rewrite the blocks in docs/benchmarks.md
-    python scripts/bench_docs.py --check   # exit 1 (and show a diff) if the page differs from the results
+    python scripts/bench_docs.py           # rewrite the blocks in README.md and docs/*.md
+    python scripts/bench_docs.py --check   # exit 1 (and show a diff) if a page differs from the results
 
-Each results file `benchmarks/results/NAME.json` owns one block of the page, between
-`<!-- bench:NAME -->` (underscores in NAME written as `-`) and the next `<!-- /bench -->`. Nobody types a
-figure into the page: a new measurement is a new results file (or an edited row in one), then this script.
+Each results file `benchmarks/results/NAME.json` owns one block, between `<!-- bench:NAME -->`
+(underscores in NAME written as `-`) and the next `<!-- /bench -->`. docs/benchmarks.md holds every
+block; any other page (README.md, docs/*.md) may show a block again, rendered from the same file. Nobody
+types a figure into a page: a new measurement is a new results file (or an edited row in one), then this
+script; scripts/docs_figures.py fails CI on a figure typed outside a block.
+
+Every results file records where it was measured, `"measured": {"commit", "date", "changes"[, "note"]}`
+(benchmarks/provenance.py writes it), and its block says so: a figure of an older build than the code a
+page describes reads as one.
 
 Two shapes of results file:
 - `real_model.json`, written by `benchmarks/bench_real_model.py --json` (rows of runs plus `meta`), rendered
   by that script's own `render_block`;
 - every other file: `{"title", "about", "source", "columns": [...], "rows": [[...], ...], "notes": [...]}`,
   rendered as a paragraph, a table and its notes.
-A results file without its block on the page, or a block without its results file, is an error. A
-block may be shown again on another page of `ALSO` (the patient-data page shows the de-identification
-figures): rendered from the same file, and a block there without a results file is an error too.
+A results file without its block on docs/benchmarks.md, a block on any page without its results file, or
+a results file without `measured` is an error.
 """
 
 from __future__ import annotations
@@ -29,10 +34,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from provenance import measured_line  # noqa: E402  (benchmarks/ is not a package)
+
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "benchmarks.md"
-ALSO = (ROOT / "docs" / "patient-data-freetext.md",)
-"""Pages that repeat some of the benchmark page's blocks."""
+"""The page that holds every block."""
+
+
+def pages() -> list[Path]:
+    """Every page that may show a block: the README and the docs site's pages, the benchmark page first."""
+    return [PAGE, ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p != PAGE)]
+
 END = "<!-- /bench -->"
 _BLOCK = re.compile(r"<!-- bench:([a-z0-9-]+) -->")
 
@@ -65,6 +78,7 @@ def render_table(doc: dict, name: str) -> str:
     notes = list(doc.get("notes", []))
     if doc.get("source"):
         notes.append(f"Source: {doc['source']}.")
+    notes.append(measured_line(doc, f"benchmarks/results/{name}.json"))
     if notes:
         lines.append("")
         lines += [f"- {n}" for n in notes]
@@ -109,8 +123,10 @@ def main(argv: list[str] | None = None, page: Path = PAGE, results: Path = RESUL
     args = ap.parse_args(argv)
     rendered = blocks(results)
     status = 0
-    for i, p in enumerate((page, *(ALSO if page == PAGE else ()))):  # (a test's own page: that page only)
+    for i, p in enumerate(pages() if page == PAGE else [page]):  # (a test's own page: that page only)
         old = p.read_text(encoding="utf-8")
+        if i and not _BLOCK.search(old):
+            continue
         new = updated(old, rendered, every=i == 0, page=p)
         if args.check:
             if new != old:

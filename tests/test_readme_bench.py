@@ -74,11 +74,47 @@ def test_a_results_file_without_its_block_is_refused(tmp_path):
     docs = _docs()
     results = tmp_path / "results"
     shutil.copytree(RESULTS, results)
-    (results / "new_figure.json").write_text(json.dumps({"title": "t", "columns": ["a"], "rows": [["1"]]}))
+    (results / "new_figure.json").write_text(json.dumps({"title": "t", "columns": ["a"], "rows": [["1"]],
+                                                         "measured": {"commit": "abc1234", "date": "2026-12-07"}}))
     page = tmp_path / "benchmarks.md"
     page.write_text(PAGE.read_text())
     with pytest.raises(SystemExit, match="new-figure"):
         docs.main(["--check"], page=page, results=results)
+
+
+def test_a_results_file_says_where_it_was_measured(tmp_path):
+    docs = _docs()
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results)
+    doc = json.loads((results / "sealing.json").read_text())
+    del doc["measured"]
+    (results / "sealing.json").write_text(json.dumps(doc))
+    page = tmp_path / "benchmarks.md"
+    page.write_text(PAGE.read_text())
+    with pytest.raises(SystemExit, match="sealing.json: no \"measured\""):
+        docs.main(["--check"], page=page, results=results)
+
+
+def test_every_block_shows_its_commit_and_date():
+    """Each results file's block, on every page that shows it, names the commit and the date it was
+    measured at; the commit is one of this repository's (where the checkout has its history)."""
+    import subprocess
+
+    docs = _docs()
+    rendered = docs.blocks()
+    for name, block in rendered.items():
+        doc = json.loads((RESULTS / f"{name.replace('-', '_')}.json").read_text())
+        m = doc["measured"]
+        assert f"Measured on {m['date']} at commit `{m['commit']}`" in block, name
+        git = subprocess.run(["git", "cat-file", "-e", f"{m['commit']}^{{commit}}"], cwd=ROOT,
+                             capture_output=True)
+        if (ROOT / ".git").exists() and git.returncode != 0:
+            shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT,
+                                     capture_output=True, text=True).stdout.strip()
+            assert shallow == "true", f"{name}: measured at {m['commit']}, which is not a commit here"
+    shown = {p.name: docs._BLOCK.findall(p.read_text()) for p in docs.pages()}
+    assert set(shown["benchmarks.md"]) == set(rendered)
+    assert "kernel-vectors" in shown["portable-record.md"] and "policies-overhead" in shown["policies.md"]
 
 
 def test_chest_slice_keeps_every_question_of_the_first_cases(tmp_path):
