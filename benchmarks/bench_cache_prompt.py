@@ -10,10 +10,13 @@ the cache on (llama.cpp does not promise byte-identical logits across cache stat
 default server keeps it off; every run is verified from its own recorded exchanges either way.
 
     python benchmarks/bench_cache_prompt.py [--types 1,2] [--per-type 1] [--reps 1] [--threads N]
-        [--out DIR] [--json OUT]
+        [--out DIR] [--json OUT] [--results PATH]
 
 Needs the local model (`grandrounds model fetch`, `pip install -e '.[local-model]'`) and ../shared/data.
 One task takes minutes on one core: the default slice (one task of types 1 and 2, twice) ~15-25 minutes.
+`--json OUT` writes the rows, the summary and where they were measured (benchmarks/provenance.py);
+`--results PATH` the results document benchmarks/results/cache_prompt.json is (the table the docs page
+renders, the command line, the load average before and after, that document raw).
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_local_model  # noqa: E402  (a sibling script, not a package)
+import provenance  # noqa: E402  (a sibling module)
 
 
 @contextlib.contextmanager
@@ -77,9 +83,15 @@ def main(argv: list[str] | None = None, server=local_model) -> int:
     ap.add_argument("--threads", type=int, default=None, help="server threads (default: the local model's)")
     ap.add_argument("--out", default=None, help="folder for the runs' databases (default: a temporary one)")
     ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--results", default=None, metavar="PATH",
+                    help="also write the results document (benchmarks/results/cache_prompt.json)")
     a = ap.parse_args(argv)
     if a.per_type < 1 or a.reps < 1:
         ap.error("--per-type and --reps must be at least 1")
+    command = "python " + shlex.join([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
+    where = provenance.measured()  # at the start: the code these runs measure
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         out = Path(a.out) if a.out else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cache-prompt-")))
         out.mkdir(parents=True, exist_ok=True)
@@ -88,7 +100,7 @@ def main(argv: list[str] | None = None, server=local_model) -> int:
             for mode in ("off", "on"):  # alternating, so drift on a noisy machine hits both modes
                 rows.append(measure(mode, rep, a, out, server))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    doc = {"rows": rows, **summary(rows)}
+    doc = {"rows": rows, **summary(rows), "measured": where}
     print("| mode | rep | tasks | correct | s/task | tokens/task | fingerprint | verify |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['rep']} | {r['tasks']} | {r['correct']} | {r['s_per_task']} | "
@@ -97,7 +109,49 @@ def main(argv: list[str] | None = None, server=local_model) -> int:
           f"same replies: {doc['same_replies']}; every run verified: {doc['all_verified']}")
     if a.json_out:
         bench_local_model.write_atomic(Path(a.json_out), json.dumps(doc, indent=1))
+    if a.results:
+        provenance.write_results(a.results, results_doc(doc, a, command, load_before, time.perf_counter() - t0))
     return 0
+
+
+def results_doc(doc: dict, a, command: str, load_before: tuple[float, ...], wall_s: float) -> dict:
+    """The results document: a row per run (cache off, then on, per repetition), its summary in "about"."""
+    rows = doc["rows"]
+    threads = f"{a.threads} thread{'s' if a.threads != 1 else ''}" if a.threads else "the local model's default threads"
+    tasks = rows[0]["tasks"]
+    correct = {r["mode"]: r["correct"] for r in rows}
+    label = {"off": "`model serve` (cache off, the default)", "on": "`model serve --cache-prompt`"}
+    load_after = os.getloadavg()
+    fmt = ", ".join
+    return {
+        "title": "The local model's prompt cache, off then on",
+        "about": (f"{tasks} official MedAgentBench task{'s' if tasks != 1 else ''} (type{'s' if ',' in a.types else ''} "
+                  f"{a.types}, {a.per_type} per type), policy `none`, the local model (Qwen2.5-Coder-1.5B) on "
+                  f"{threads}, cache off then on, {a.reps} pair{'s' if a.reps != 1 else ''} alternating. "
+                  + (f"**{doc['speedup']}× faster per task** with the cache"
+                     if doc["speedup"] and doc["speedup"] >= 1 else f"{doc['speedup']}× the speed per task with the cache")
+                  + ("; here the replies were the same bytes (equal fingerprints). llama.cpp does not promise that, "
+                     "so the default stays off." if doc["same_replies"] else
+                     "; here the replies differed (the fingerprints differ): llama.cpp does not promise the same "
+                     "bytes across cache states, which is why the default stays off.")
+                  + (" Every run verified from its own record." if doc["all_verified"] else
+                     " **Not every run verified** (see the verify column).")
+                  + f" The model solved {correct.get('off', 0)} (cache off) and {correct.get('on', 0)} (cache on) of "
+                    f"{tasks} per run" + (", so these rows are a speed measure, not a score." if not any(correct.values())
+                                          else ".")),
+        "source": command,
+        "columns": [f"server ({threads})", "s/task", "tokens/task", "fingerprint", "verify"],
+        "rows": [[label[r["mode"]] + (f", pair {r['rep'] + 1}" if a.reps > 1 else ""), f"{r['s_per_task']}",
+                  f"{r['tokens_per_task']:,}", r["fingerprint"],
+                  "identical" if r["verified"] is True else str(r["verified"])] for r in rows],
+        "notes": [f"Load average (1, 5, 15 min) on {os.cpu_count()} cores: {fmt(f'{x:.2f}' for x in load_before)} "
+                  f"before the run, {fmt(f'{x:.2f}' for x in load_after)} after it; the whole run (model starts and "
+                  f"verifies included) took {wall_s / 60:.1f} min. s/task is the run alone, not its verify."],
+        "measured": doc["measured"],
+        "raw": {**doc, "wall_s": round(wall_s, 1), "cpus": os.cpu_count(),
+                "load_average_before": [round(x, 2) for x in load_before],
+                "load_average_after": [round(x, 2) for x in load_after]},
+    }
 
 
 if __name__ == "__main__":

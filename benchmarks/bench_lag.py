@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from benchmarks import provenance  # noqa: E402
 from benchmarks.common import bench_dir  # noqa: E402
 from fake_openai_server import FakeOpenAI  # noqa: E402
 from grandrounds.app import make_cache, run_cases  # noqa: E402
@@ -189,6 +190,30 @@ def endpoint_run(base_url: str, model: str, actions: dict, timeout: float, cases
                 "fingerprint": outcome.summary["fingerprint"]}
 
 
+def results_doc(table: list[dict], args, cases: int, modes: list[str]) -> dict:
+    """The fake-model sweep as a results file for scripts/bench_docs.py (the models and benchmark pages)."""
+    command = f"python benchmarks/bench_lag.py --cases {args.cases} --delay {args.delay} --lags {args.lags} " \
+              f"--rounds {args.rounds}" + (" --kafka" if args.kafka else "") + " --results benchmarks/results/lag_fake_model.json"
+    return {
+        "title": "`--lag k` against a slow fake model, embedded" + (" and over Kafka" if "kafka" in modes else ""),
+        "about": (f"{cases} example cases, the fake OpenAI-compatible server (tests/fake_openai_server.py) sleeping "
+                  f"{args.delay} s a request and serving requests in parallel, `openai` backbone, MiniLM; k and mode "
+                  f"alternating, median of {args.rounds} rounds after an untimed warm-up; a Kafka run is timed from "
+                  "its submit to its last event imported. The ideal ratio is k + 1."),
+        "source": command,
+        "columns": ["mode", "policy", "k", "cases/s", "× k = 0", "served ahead", "most requests in flight",
+                    "fingerprint"],
+        "rows": [[r["mode"], r["policy"], str(r["lag"]), f"{r['cases_per_s']:.2f}", f"{r['ratio']:.2f}",
+                  f"{r['prefetched']} of {r['exchanges']}", str(r["max_in_flight"]), r["fingerprint"]] for r in table],
+        "notes": ["Each k gave one fingerprint in every round, and over Kafka the embedded run's (the script exits 1 "
+                  "otherwise); different k, different fingerprints.",
+                  "Every request was sent once: requests = recorded exchanges in every row."
+                  if all(r["requests"] == r["exchanges"] for r in table) else
+                  "Some rows sent more requests than they recorded: see raw."],
+        "raw": {"rows": table},
+    }
+
+
 def endpoint_main(args, lags: list[int], policies: list[str]) -> int:
     """The k sweep against `--base-url` (see the module's doc); 1 if a one-slot server's rounds disagree."""
     from benchmarks.bench_real_model import TEST
@@ -259,6 +284,8 @@ def main() -> None:
     where.add_argument("--kafka", action="store_true", help="also over Kafka, on a broker started here")
     where.add_argument("--broker", help="also over Kafka, on this broker (kafka://HOST:PORT)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="fake model only: write the sweep as a results file (benchmarks/results/lag_fake_model.json)")
     ap.add_argument("--base-url", help="run against this OpenAI-compatible endpoint instead of the fake (with --model)")
     ap.add_argument("--model", help="with --base-url: the model name requests carry")
     ap.add_argument("--timeout", type=float, default=1800.0, help="with --base-url: seconds per model request")
@@ -273,6 +300,7 @@ def main() -> None:
         if args.kafka or args.broker:
             ap.error("--base-url runs embedded only (not with --kafka / --broker)")
         sys.exit(endpoint_main(args, lags, policies))
+    at = provenance.measured()  # before the run: the build measured
     cases = load_cases(ROOT / "examples" / "cases.jsonl")[0][:args.cases]
     directory = bench_dir("grandrounds-bench-lag-")
     modes = ["embedded"] + (["kafka"] if args.kafka or args.broker else [])
@@ -317,6 +345,8 @@ def main() -> None:
                               "exchanges": runs[-1]["exchanges"], "prefetched": runs[-1]["prefetched"],
                               "max_in_flight": max(r["max_in_flight"] for r in runs),
                               "fingerprint": prints.pop()[:12]})
+    if args.results:
+        provenance.write_results(args.results, {**results_doc(table, args, len(cases), modes), "measured": at})
     if args.json:
         print(json.dumps({"cases": len(cases), "delay_s": args.delay, "rounds": args.rounds, "rows": table}))
         return

@@ -80,7 +80,7 @@ def measure(store: EventStore, cache: EmbeddingCache, spec: RunSpec, events: lis
         with single_threaded_blas():
             times, _commits = time_cases(ctx, cases)
         part = ctx.projection.state.policy_memory
-        return times, part.counts()["selsm_transitions"] if part is not None else 0
+        return times, part.counts().get("selsm_transitions", 0) if part is not None else 0
 
     run(f"warm-{label}")  # every text these cases produce enters the cache
     misses = cache.misses

@@ -1,6 +1,6 @@
 """The cost of sealing case content (store/sealing.py) per case, side by side in one process.
 
-    python benchmarks/bench_sealing.py [--cases 200] [--rounds 2] [--json]
+    python benchmarks/bench_sealing.py [--cases 200] [--rounds 2] [--json] [--results PATH]
 
 The same case stream (the example cases repeated, each copy its own case id and so its own subject:
 a new key appended and fsynced per case, the worst case) runs twice through the pipeline (sim
@@ -11,6 +11,9 @@ of each variant over its passes, this process's CPU time per case (less sensitiv
 wall time), the ratios, the load average (a loaded machine inflates and scatters the wall times); the
 codec's own cost on the same events (seal, open, a new subject's key);
 and the fingerprints, which must all be equal (the fingerprint covers plaintext).
+--results PATH writes the results document benchmarks/results/sealing.json is: a row per round (the
+i-th clear pass beside the i-th sealed pass) and one over all passes, the codec-alone figures and the
+load average before and after in its notes, the command line, where it was measured and the raw numbers.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -25,7 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import provenance  # noqa: E402  (benchmarks/provenance.py)
 from benchmarks.common import ms_summary, peak_rss_mb, repeated_cases, time_cases  # noqa: E402
 
 from grandrounds.handlers.cases import load_cases  # noqa: E402
@@ -70,7 +76,13 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=2, help="passes of each variant (even; ABBA order)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--results", default=None, metavar="PATH",
+                    help="also write the results document (benchmarks/results/sealing.json)")
     args = ap.parse_args()
+    command = "python " + shlex.join(sys.argv)
+    where = provenance.measured()  # at the start: the code this run measures
+    load_before = os.getloadavg()
+    wall0 = time.perf_counter()
     base, _ = load_cases(ROOT / "examples" / "cases.jsonl")
     cases = repeated_cases(base, args.cases)
     spec = RunSpec(policy=EvoMedAgentPolicy(), seed=0)
@@ -121,6 +133,8 @@ def main() -> None:
               "fingerprints_equal": len(fingerprints) == 1, "codec_only": codec_only,
               "load_average": list(os.getloadavg()),
               "peak_rss_mb": peak_rss_mb()}
+    if args.results:
+        write_results(args.results, command, where, result, passes, load_before, time.perf_counter() - wall0)
     if args.json:
         print(json.dumps(result))
         return
@@ -136,6 +150,67 @@ def main() -> None:
     print(f"  the codec alone over the same events: seal {c['seal_ms_per_case']:.3f} ms/case, open "
           f"{c['open_ms_per_case']:.3f} ms/case, new subject key (append + fsync) {c['key_ms_per_subject']:.3f} ms "
           f"({c['events']} events, {c['sealed_events']} sealed)")
+
+
+def _row(label: str, clear: list[dict], sealed: list[dict]) -> tuple[list[str], dict]:
+    c = ms_summary([t for r in clear for t in r["times"]])
+    s = ms_summary([t for r in sealed for t in r["times"]])
+    c_cpu = sum(r["cpu_ms_per_case"] for r in clear) / len(clear)
+    s_cpu = sum(r["cpu_ms_per_case"] for r in sealed) / len(sealed)
+    raw = {"round": label, "clear_ms": c, "sealed_ms": s, "p50_ratio": round(s["p50"] / c["p50"], 3),
+           "clear_cpu_ms_per_case": round(c_cpu, 3), "sealed_cpu_ms_per_case": round(s_cpu, 3),
+           "cpu_ratio": round(s_cpu / c_cpu, 3)}
+    return ([label, f"{c['p50']:.1f} / {c['mean']:.1f} ms", f"{s['p50']:.1f} / {s['mean']:.1f} ms",
+             f"{raw['p50_ratio']:.2f}x", f"{c_cpu:.2f} → {s_cpu:.2f} ms", f"**{raw['cpu_ratio']:.2f}x**"], raw)
+
+
+def write_results(path: str, command: str, where: dict, result: dict, passes: dict[str, list[dict]],
+                  load_before: tuple[float, ...], wall_s: float) -> None:
+    """The results document: a row per round (the i-th clear pass beside the i-th sealed pass), then one
+    over all passes; the codec-alone figures and the load in the notes; `result` (the --json output) raw."""
+    n = len(passes["clear"])
+    rows, raw_rows = [], []
+    for i in range(n):
+        row, raw = _row(str(i + 1), [passes["clear"][i]], [passes["sealed"][i]])
+        rows.append(row)
+        raw_rows.append(raw)
+    row, raw = _row(f"all ({n} each)", passes["clear"], passes["sealed"])
+    rows.append(row)
+    raw_rows.append(raw)
+    c = result["codec_only"]
+    load_after = os.getloadavg()
+    cpus = os.cpu_count()
+    fmt = ", ".join
+    diff = result["sealed_minus_clear_p50_ms"]
+    provenance.write_results(path, {
+        "title": "What sealing case content costs",
+        "about": (f"The same {result['cases']}-case stream (sim backbone, evo-medagent, warm embedding cache, one "
+                  "commit per case, every case its own subject so every case appends and fsyncs a new key: the "
+                  f"worst case) in clear and sealed, {n} passes each in ABBA order in one process, each pass a "
+                  "fresh DuckDB file. A row per round sets the i-th clear pass beside the i-th sealed pass; the "
+                  "last row is over all passes. The process's CPU time is the steadier figure on a shared machine. "
+                  + ("The passes' fingerprints are all equal." if result["fingerprints_equal"]
+                     else "**The passes' fingerprints differ.**")),
+        "source": command,
+        "columns": ["round", "clear wall p50 / mean", "sealed wall p50 / mean", "sealed / clear wall p50",
+                    "CPU per case clear → sealed", "sealed / clear CPU"],
+        "rows": rows,
+        "notes": [
+            f"The codec alone on the same events ({c['events']} events, {c['sealed_events']} of them sealed): "
+            f"sealing {c['seal_ms_per_case']:.2f} ms and opening {c['open_ms_per_case']:.2f} ms per case; a new "
+            f"subject's key {c['key_ms_per_subject']:.2f} ms (appended to the key file and fsynced). Over all "
+            f"passes the sealed wall p50 is {diff:+.2f} ms per case against clear; of that difference the script "
+            "measures only the codec's share above, not the rest (the key's fsync inside a case, DuckDB writing "
+            "the larger sealed rows).",
+            f"Load average (1, 5, 15 min) on {cpus} cores: {fmt(f'{x:.2f}' for x in load_before)} before the run, "
+            f"{fmt(f'{x:.2f}' for x in load_after)} after it; the run took {wall_s / 60:.1f} min; peak RSS "
+            f"{result['peak_rss_mb']} MB.",
+        ],
+        "measured": where,
+        "raw": {**result, "rounds": raw_rows, "wall_s": round(wall_s, 1), "cpus": cpus,
+                "load_average_before": [round(x, 2) for x in load_before],
+                "load_average_after": [round(x, 2) for x in load_after]},
+    })
 
 
 if __name__ == "__main__":

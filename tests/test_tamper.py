@@ -211,6 +211,47 @@ ATTACKS = [
 ]
 INERT = [reformat_payload_whitespace]
 
+# The reason codes `verify` reports for each probe, without the signing key and with it: the "no key" and
+# "with signing key" columns of docs/trust.md's tamper matrix, which cites this test for them.
+CODES = {
+    "delete_last_event": (("incomplete",), ("incomplete", "head_mismatch")),
+    "delete_last_three_events": (("incomplete",), ("incomplete", "head_mismatch")),
+    "delete_last_case": (("incomplete",), ("incomplete", "head_mismatch")),
+    "delete_last_case_and_rechain": (("incomplete",), ("incomplete", "head_mismatch")),
+    "delete_middle_event": (("chain_broken", "incomplete", "diverged"),
+                            ("chain_broken", "incomplete", "diverged", "head_mismatch")),
+    "rewrite_run_id": (("chain_broken", "ciphertext_tampered"), ("chain_broken", "ciphertext_tampered", "head_absent")),
+    "edit_meta": (("chain_broken",), ("chain_broken",)),
+    "edit_meta_and_rechain": ((), ("head_mismatch",)),
+    "edit_meta_and_rechain_as_v1": ((), ("head_mismatch",)),
+    "edit_payload": (("chain_broken", "diverged"), ("chain_broken", "diverged")),
+    "edit_payload_and_rechain": (("diverged",), ("diverged", "head_mismatch")),
+    "edit_type": (("chain_broken", "diverged"), ("chain_broken", "diverged")),
+    "edit_schema_version": (("chain_broken",), ("chain_broken",)),
+    "edit_case_id": (("chain_broken",), ("chain_broken",)),
+    "edit_causation": (("chain_broken",), ("chain_broken",)),
+    "edit_chain_value": (("chain_broken",), ("chain_broken",)),
+    "swap_two_events": (("chain_broken", "ciphertext_tampered"), ("chain_broken", "ciphertext_tampered")),
+    "append_forged_event": (("diverged",), ("diverged", "head_mismatch")),
+    "delete_signed_head": ((), ("head_absent",)),
+    "resign_with_another_key": (("incomplete",), ("incomplete", "head_other_key")),
+}
+# The anchors' codes (`--expect` the untouched run's fingerprint, `--expect-head` its head chain value):
+# the "anchors" column of the same matrix.
+BOTH = ("expect_mismatch", "expect_head_mismatch")
+ANCHORS = {
+    "delete_last_event": BOTH, "delete_last_three_events": BOTH, "delete_last_case": BOTH,
+    "delete_last_case_and_rechain": BOTH,
+    "delete_middle_event": ("expect_mismatch",),  # the last row, and so the head, is untouched
+    "rewrite_run_id": ("expect_unverifiable",),   # sealed rows no longer open under the new name
+    "edit_meta": (), "edit_meta_and_rechain": ("expect_head_mismatch",),
+    "edit_meta_and_rechain_as_v1": ("expect_head_mismatch",),
+    "edit_payload": ("expect_mismatch",), "edit_payload_and_rechain": BOTH, "edit_type": ("expect_mismatch",),
+    "edit_schema_version": (), "edit_case_id": (), "edit_causation": (), "edit_chain_value": (),
+    "swap_two_events": ("expect_unverifiable",), "append_forged_event": BOTH, "delete_signed_head": (),
+    "resign_with_another_key": BOTH,
+}
+
 
 def _tampered(signed_db: Path, tmp_path: Path, attack) -> Path:
     path = tmp_path / "tampered.duckdb"
@@ -250,6 +291,16 @@ def test_tamper_matrix(signed_db, tmp_path, attack, run_id, without_key, with_ke
         assert not plain.identical
     if not without_key:  # what only a signed head catches: the chain was recomputed
         assert plain.chain_intact and keyed.signed_head.status in ("log differs", "absent")
+    assert (plain.reason_codes, keyed.reason_codes) == CODES[attack.__name__]
+    untouched = _verify(signed_db, "r", None)
+    with EventStore(path) as store:
+        anchored = verify_run(store, run_id, make_cache(store), expect=untouched.fingerprint,
+                              expect_head=untouched.chain_head)
+    assert tuple(c for c in anchored.reason_codes if c.startswith("expect")) == ANCHORS[attack.__name__]
+
+
+def test_the_matrix_names_every_probe():
+    assert set(CODES) == set(ANCHORS) == {a[0].__name__ for a in ATTACKS}
 
 
 @pytest.mark.parametrize("attack", INERT, ids=[a.__name__ for a in INERT])

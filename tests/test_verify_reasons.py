@@ -97,15 +97,37 @@ def test_the_untouched_run_has_no_reason(sealed_db):
     assert out.ok and out.reason is None and out.reason_codes == (), out
 
 
+# The codes of docs/trust.md's tamper matrix for these probes: without the key, with it, and the anchors'
+# (`--expect` / `--expect-head` with the untouched run's values).
+SEALED_PROBES = {
+    "flip_ciphertext_byte": (("chain_broken", "ciphertext_tampered"), ("chain_broken", "ciphertext_tampered"),
+                             ("expect_unverifiable",)),
+    "flip_ciphertext_byte_and_rechain": (("ciphertext_tampered",), ("ciphertext_tampered", "head_mismatch"),
+                                         ("expect_unverifiable", "expect_head_mismatch")),
+    "swap_two_events": (("chain_broken", "ciphertext_tampered"), ("chain_broken", "ciphertext_tampered"),
+                        ("expect_unverifiable",)),
+    "delete_middle_event_and_renumber": (("ciphertext_tampered",), ("ciphertext_tampered", "head_mismatch"),
+                                         ("expect_unverifiable", "expect_head_mismatch")),
+}
+
+
 @pytest.mark.parametrize("edit,chain_intact", [(flip_ciphertext_byte, False), (flip_ciphertext_byte_and_rechain, True),
                                                (swap_two_events, False), (delete_middle_event_and_renumber, True)],
                          ids=lambda v: getattr(v, "__name__", str(v)))
 def test_a_sealed_row_edited_or_moved_is_tampering_not_an_erasure(sealed_db, tmp_path, edit, chain_intact):
-    out = _verify(_copy(sealed_db, tmp_path, edit))
+    path = _copy(sealed_db, tmp_path, edit)
+    out = _verify(path)
     assert not out.ok and out.chain_intact is chain_intact, out
     assert "ciphertext_tampered" in out.reason_codes and out.unreadable_seqs["ciphertext_tampered"], out
     assert out.reason == ("ciphertext_tampered" if chain_intact else "chain_broken"), out
     _assert_not_called_erased(out)
+    untouched = _verify(sealed_db, KEY)
+    with EventStore(path) as store:
+        anchored = verify_run(store, "r", make_cache(store), expect=untouched.fingerprint,
+                              expect_head=untouched.chain_head)
+    plain, keyed, anchors = SEALED_PROBES[edit.__name__]
+    assert out.reason_codes == plain and _verify(path, KEY).reason_codes == keyed
+    assert tuple(c for c in anchored.reason_codes if c.startswith("expect")) == anchors
 
 
 def test_human_verdict_names_tampering(sealed_db, tmp_path):
@@ -135,6 +157,12 @@ def test_an_erased_subject_is_erased(sealed_db, tmp_path):
     out = _verify(path)
     assert out.reason == "erased" and out.reason_codes == ("erased",) and out.erased_cases == (first,), out
     assert out.fingerprint is not None  # the one recorded at the erasure
+    # docs/trust.md's row: the signed head stays valid, and `--expect` the published fingerprint passes
+    untouched = _verify(sealed_db, KEY)
+    assert _verify(path, KEY).signed_head.status == "valid"
+    with EventStore(path) as store:
+        anchored = verify_run(store, "r", make_cache(store), expect=untouched.fingerprint)
+    assert anchored.expect.ok and "expect_mismatch" not in anchored.reason_codes, anchored
 
 
 @pytest.mark.parametrize("edit,code", [(edit_meta, "chain_broken"), (edit_payload_and_rechain, "diverged"),
