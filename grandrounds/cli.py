@@ -106,7 +106,7 @@ def schema_actions_apply(env: str, fhir_protocol: str | None, actions: str) -> b
               help="agentclinic: the --judge-model's endpoint (default: the run's --base-url).")
 @click.option("--key-file", default=None, metavar="PATH",
               help="Sign the run's head with this key (HMAC-SHA256); default: $GRANDROUNDS_SIGNING_KEY if set. "
-                   "The key is never written to the database.")
+                   "The key is never written to the database; a key file in the database's folder is refused.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def run(cases_file, db, run_id, policy, backbone, model, agent_ref, base_url, timeout, max_attempts, record_from, record_db,
         live_fallthrough, max_steps, summary_every, actions, seed, lag, broker, sim_tools, commit, commit_every, commit_ms,
@@ -132,8 +132,8 @@ def run(cases_file, db, run_id, policy, backbone, model, agent_ref, base_url, ti
 
     setup = None
     try:
-        signing_key = load_key(key_file)
         db_path = db_file(db)  # before anything is read or written: --db is a DuckDB file or nothing yet
+        signing_key = load_key(key_file, db=db_path)  # never one kept with the database (store/signing.py)
         record_db = db_file(record_db) if record_db else None
         memory_db = db_file(memory_db) if memory_db else None
         pol = with_ablations(load_policy(policy), list(ablations))

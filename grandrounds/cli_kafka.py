@@ -146,7 +146,7 @@ def run_on_kafka(cases, spec, *, broker: str, db: str, run_id: str | None, note:
                    "takes the agent runs of that model only.")
 @click.option("--key-file", default=None, metavar="PATH",
               help="Sign the head of every run this worker completes with this key (else $GRANDROUNDS_SIGNING_KEY, "
-                   "if set), as `grandrounds run` does; `verify --key-file` checks it.")
+                   "if set), as `grandrounds run` does; `verify --key-file` checks it. Refused if kept in --db's folder.")
 @click.option("--quiet", is_flag=True, help="Log warnings only.")
 @click.option("--json", "as_json", is_flag=True, help="On exit, print the worker's counters as one JSON object.")
 def worker(broker, db, group, name, topic_prefix, partitions, replication_factor, max_poll_interval_ms,
@@ -164,7 +164,7 @@ def worker(broker, db, group, name, topic_prefix, partitions, replication_factor
     agent_name = None
     try:
         db = db_file(db)
-        signing_key = load_key(key_file)
+        signing_key = load_key(key_file, db=db)  # never one kept with the database (store/signing.py)
         if model and not agent_ref:
             raise ValueError("--model names the agent of --agent (a run's model comes with the run: submit --model)")
         if agent_ref:  # grandrounds/agent_ref.py: imported by name, from the working directory, as `run --agent`

@@ -76,14 +76,14 @@ def _json_option(f):
 def _key_option(f):
     return click.option("--key-file", default=None, metavar="PATH",
                         help="Signing key file (HMAC-SHA256 of run heads); default: $GRANDROUNDS_SIGNING_KEY. "
-                             "Never written to the database.")(f)
+                             "Never written to the database; refused if kept in the database's folder.")(f)
 
 
-def _load_key(key_file, as_json):
+def _load_key(key_file, as_json, db=None):
     from grandrounds.store.signing import SigningKeyError, load_key
 
     try:
-        return load_key(key_file)
+        return load_key(key_file, db=db)  # a key file kept with `db` is refused (store/signing.py)
     except SigningKeyError as exc:
         fail(str(exc), 2, as_json)
 
@@ -161,7 +161,7 @@ def replay(db, source, count, seed, original, policy, ablations, sets, backbone,
         except ProtectedOutput as exc:
             fail(str(exc), 2, as_json)
     kafka = _kafka_target(broker, topic_prefix, kafka_timeout, as_json)
-    key = _load_key(key_file, as_json)
+    key = _load_key(key_file, as_json, db)
     store = _open(db, as_json, read_only=False)
     with store:
         def go():
@@ -374,7 +374,7 @@ def verify(db, run_id, all_runs, key_file, expect, expect_head, as_json):
         if value is not None and not _looks_like_hash(value, what == "--expect-head"):
             fail(f"{what} {value!r}: not a sha256 hex digest"
                  + (" (a chain value: v2:<64 hex>)" if what == "--expect-head" else " (64 hex digits)"), 2, as_json)
-    key = _load_key(key_file, as_json)
+    key = _load_key(key_file, as_json, db)
     store = _open(db, as_json, read_only=True)
     failed = False
     with store:
@@ -438,7 +438,7 @@ def sign(db, run_ids, all_runs, force, key_file, as_json):
     from grandrounds.replay.caselog import UnknownRun
     from grandrounds.store.signing import SignedByAnotherKey, sign_head, signed_by
 
-    key = _load_key(key_file, as_json)
+    key = _load_key(key_file, as_json, db)
     if key is None:
         fail("no signing key: set GRANDROUNDS_SIGNING_KEY or pass --key-file", 2, as_json)
     if bool(run_ids) == all_runs:

@@ -52,12 +52,42 @@ class SigningKey:
         return hmac.new(self.secret, head.message(), sha256).hexdigest()
 
 
-def load_key(key_file: str | None = None, environ: dict | None = None) -> SigningKey | None:
+KEY_HOME = "a folder of its own outside the database's (e.g. ~/.config/grandrounds/signing.key, mode 0600), or $GRANDROUNDS_SIGNING_KEY"
+"""Where a signing key belongs, named in every refusal."""
+
+
+def check_key_apart(key_file: str | os.PathLike, db: str | os.PathLike | None) -> None:
+    """Refuse a signing key file that lives with the data it vouches for: the database itself, its WAL, its
+    key file (or any grandrounds key file), or any file in the database's folder. Whoever holds that folder
+    holds the key too, and could sign a forged log's head: `verify` would call it valid."""
+    from grandrounds.store.dbfile import protected_files, same_file
+    from grandrounds.store.keyring import is_key_file
+
+    if db is None or str(db) in ("", ":memory:"):
+        return
+    path = Path(os.path.abspath(os.fspath(key_file)))
+    for protected, name in protected_files(db).items():
+        if same_file(path, protected):
+            raise SigningKeyError(f"--key-file {str(key_file)!r} is {name} ({protected}), not a signing key; "
+                                  f"keep the signing key in {KEY_HOME}")
+    if is_key_file(path):
+        raise SigningKeyError(f"--key-file {str(key_file)!r} is a grandrounds key file (sealed content's keys), not "
+                              f"a signing key; keep the signing key in {KEY_HOME}")
+    folder = Path(os.path.realpath(os.path.dirname(os.path.abspath(os.fspath(db)))))
+    if Path(os.path.realpath(path)).parent == folder:
+        raise SigningKeyError(f"--key-file {str(key_file)!r} is in the database's folder ({folder}): anyone holding "
+                              f"the folder could sign a forged head; keep the signing key in {KEY_HOME}")
+
+
+def load_key(key_file: str | None = None, environ: dict | None = None,
+             db: str | os.PathLike | None = None) -> SigningKey | None:
     """The key from `key_file` if given, else from $GRANDROUNDS_SIGNING_KEY, else None.
 
-    A key file holds the key bytes (one trailing newline is ignored, as editors add one)."""
+    A key file holds the key bytes (one trailing newline is ignored, as editors add one). With `db`, the
+    database the key signs or checks, a key file kept with that database is refused (`check_key_apart`)."""
     env = os.environ if environ is None else environ
     if key_file:
+        check_key_apart(key_file, db)
         path = Path(key_file)
         if not path.is_file():
             raise SigningKeyError(f"--key-file {key_file!r}: no such file")

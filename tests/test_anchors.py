@@ -103,7 +103,9 @@ def test_a_malformed_anchor_is_bad_input(published, tmp_path, args):
 
 def test_sign_does_not_replace_another_keys_head_without_force(published, tmp_path):
     db = _copy(published, tmp_path)
-    first, second = tmp_path / "first.key", tmp_path / "second.key"
+    keys = tmp_path / "signing-keys"  # a signing key is never kept in the database's folder (store/signing.py)
+    keys.mkdir()
+    first, second = keys / "first.key", keys / "second.key"
     first.write_bytes(b"f" * 32)
     second.write_bytes(b"s" * 32)
     code, out = cli_json("sign", "--db", db, "r", "--key-file", first)

@@ -331,7 +331,8 @@ def test_cli_verify_exit_codes_and_key_sources(signed_db, tmp_path, monkeypatch)
     monkeypatch.delenv("GRANDROUNDS_SIGNING_KEY", raising=False)
     res = CliRunner().invoke(main, ["verify", "--db", str(path), "r", "--json"])
     assert res.exit_code == 0, res.output  # without the key a re-chained meta edit cannot be seen
-    key_file = tmp_path / "signing.key"
+    (tmp_path / "signing").mkdir()  # not beside the database: such a key file is refused (store/signing.py)
+    key_file = tmp_path / "signing" / "signing.key"
     key_file.write_bytes(KEY.secret + b"\n")
     res = CliRunner().invoke(main, ["verify", "--db", str(path), "r", "--json", "--key-file", str(key_file)])
     out = json.loads(res.stdout)
