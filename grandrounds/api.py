@@ -39,7 +39,7 @@ from grandrounds.handlers.backbones.agent import (AgentCallable, AgentMemory, Ag
                                                   agent_memory)
 from grandrounds.handlers.cases import Case, CaseView
 from grandrounds.handlers.policies.config import PolicyConfig, load_policy
-from grandrounds.handlers.runs import RunSpec
+from grandrounds.handlers.runs import RunSpec, check_declared_count
 from grandrounds.store.errors import Bug, InvalidInput
 from grandrounds.store.event_types import AgentStep
 from grandrounds.store.llm_events import TokenUsage
@@ -202,6 +202,7 @@ class AsyncMemory:
                 file's sha256).
         """
         spec = _spec(policy, agent, seed, source)
+        check_declared_count(cases, namespace or spec.default_run_id())  # bad input: before the file is opened
         memory = cls()
         # The agent backbone asks `memory._reply` for the case it acts on: the reply `record` holds.
         session = Session.open_file(db, namespace or spec.default_run_id(), spec, cases=cases, commit="case",

@@ -69,6 +69,7 @@ _VERDICTS = {
     "key_missing": "KEY MISSING (content cannot be opened; nothing was erased)",
     "expect_unverifiable": "NOT VERIFIED (fingerprint cannot be computed)",
     "erased": "CONTENT ERASED (not re-executable)",
+    "inconsistent": "INCONSISTENT (the log contradicts the run it declares)",
     "incomplete": "INCOMPLETE",
     "diverged": "DIVERGED",
     "code_changed": "DIVERGED (other code versions)",

@@ -8,6 +8,7 @@ from grandrounds.store.event_types import CaseReceived, MemoryRetrieved
 
 
 async def retrieve(ctx: RunContext, case: Case, index: int) -> MemoryRetrieved:
+    ctx.projection.state.check_open(ctx.run_id, case.case_id)  # a complete run takes no more cases
     memory_seq = ctx.projection.seq  # the memory version this case reads
     ctx.writer.emit(CaseReceived(index=index, case=case.model_dump(mode="json")), case_id=case.case_id)
     result = ctx.mechanism.retrieve(ctx, case, memory_seq)

@@ -63,6 +63,17 @@ class RunSpec(BaseModel):
         return f"{self.policy.name}-{content_hash(data)[:10]}"
 
 
+class DeclaredCount(InvalidInput, ValueError):
+    """A run opened with a case count that is not a positive integer (bad input: nothing is written)."""
+
+
+def check_declared_count(cases: Any, run_id: str) -> None:
+    """A run declares a positive whole number of cases, or none (an open-ended stream): else `DeclaredCount`."""
+    if cases is not None and (isinstance(cases, bool) or not isinstance(cases, int) or cases < 1):
+        raise DeclaredCount(f"run {run_id!r}: a run declares a positive whole number of cases, not {cases!r} "
+                            "(or none, for an open-ended stream)")
+
+
 class RunMismatch(InvalidInput, ValueError):
     pass
 
@@ -138,6 +149,7 @@ def open_run(store: EventStore, run_id: str, spec: RunSpec, cache: EmbeddingCach
     """
     if (seeded is None) != (spec.memory_from is None) and not store.has_run(run_id):
         raise ValueError("memory_from and the seeded memory go together")
+    check_declared_count(cases, run_id)
     opened = open_projection(store, run_id, cache)
     proj = opened.projection
     started = spec.started_event(cache.embedder.name, cases)

@@ -120,6 +120,9 @@ def _completeness(store: EventStore, run_id: str, chain_version: int | None) -> 
     run_completed = int(counts.get("run.completed", 0)) > 0
     out = {"declared_cases": declared, "received_cases": received, "completed_cases": completed,
            "run_completed": run_completed}
+    contradictions = _contradictions(store, run_id, declared, received, completed, int(counts.get("run.completed", 0)))
+    if contradictions:  # never "all N declared cases completed" beside a count that says otherwise
+        return dict(out, complete=False, inconsistent=True, completeness="inconsistent: " + ", ".join(contradictions))
     if isinstance(declared, int):
         if completed < declared or not run_completed:
             missing = [] if run_completed else ["no run.completed event"]
@@ -136,9 +139,29 @@ def _completeness(store: EventStore, run_id: str, chain_version: int | None) -> 
     return dict(out, complete=False, completeness="incomplete: run.started declares no case count")
 
 
+def _contradictions(store: EventStore, run_id: str, declared, received: int, completed: int,
+                    run_completions: int) -> list[str]:
+    """What in the log contradicts the run it declares: a count that is not a positive integer, more cases
+    than declared, more than one `run.completed`, or a case taken in after `run.completed`. Builds before
+    runs were closed (issue 43) accepted such cases; a log that holds one is never whole."""
+    out = []
+    if declared is not None and (isinstance(declared, bool) or not isinstance(declared, int) or declared < 1):
+        out.append(f"run.started declares {declared!r} cases, not a positive count")
+    elif isinstance(declared, int) and received > declared:
+        out.append(f"{received} cases received where run.started declares {declared}")
+    if run_completions > 1:
+        out.append(f"{run_completions} run.completed events")
+    if run_completions:
+        closed_at, _ = EventLog(store).seq_span(run_id, "run.completed")
+        _, last_case = EventLog(store).seq_span(run_id, "case.received")
+        if last_case is not None and closed_at is not None and last_case > closed_at:
+            out.append(f"a case received after run.completed (seq {closed_at})")
+    return out
+
+
 REASON_ORDER = ("expect_mismatch", "expect_head_mismatch", "chain_broken", "ciphertext_tampered", "head_mismatch",
                 "head_bad_signature", "head_other_key", "head_absent", "key_missing", "expect_unverifiable", "erased",
-                "incomplete", "diverged", "code_changed")
+                "inconsistent", "incomplete", "diverged", "code_changed")
 """Reason codes of `verify --json`, the most telling first: `reason` is the first of them present. See
 docs/trust.md ("Verify reason codes")."""
 
@@ -330,7 +353,8 @@ class _LogChecks:
 
     def incomplete_reason(self) -> None:
         if self.whole["complete"] is False:
-            self.verdict.add("incomplete", self.whole["completeness"])
+            self.verdict.add("inconsistent" if self.whole.get("inconsistent") else "incomplete",
+                             self.whole["completeness"])
 
     def head_reason(self) -> None:
         if self.key_given and not self.head.ok:
@@ -422,7 +446,10 @@ def _reexecute(store: EventStore, run_id: str, spec, cache: EmbeddingCache, whol
         cases = fhir_case_log(store, run_id)
         opened = reopen_environment(record, run_id, spec.source, cases, store)
     head_seq = store.last_seq(run_id)
-    declared = whole["declared_cases"] if isinstance(whole["declared_cases"], int) else None
+    # A log that contradicts its declared count (an older build took cases after run.completed) re-executes
+    # as an open-ended run: a closed run would refuse the extra case (it is reported inconsistent anyway).
+    declared = (whole["declared_cases"] if isinstance(whole["declared_cases"], int) and not whole.get("inconsistent")
+                else None)
 
     cache.adopt_run(store, run_id)  # re-execute with the vectors the run recorded, not this machine's (DESIGN §3)
     scratch = EventStore(":memory:")

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grandrounds.store import event_types as ev
+from grandrounds.store.errors import InvalidInput
 from grandrounds.store.events import EventPayload
+
+
+class RunClosed(InvalidInput, ValueError):
+    """A case offered to a run that is complete: it said so (`run.completed`), or every case it declared
+    has come in. A complete run is closed: bad input, refused before anything of the case is written."""
 
 
 @dataclass
@@ -50,6 +56,15 @@ class MemoryState:
 
     def _run_completed(self, seq: int, e: ev.RunCompleted) -> None:
         self.run_completed = True
+
+    def check_open(self, run_id: str, case_id: str) -> None:
+        """Refuse a new case when the run is complete (`RunClosed`): a run that declared N cases holds N,
+        and nothing follows its `run.completed` (before, a third case of a run of two was taken in and
+        `verify` then called it whole)."""
+        if self.run_completed or (self.declared_cases is not None and self.cases_received >= self.declared_cases):
+            raise RunClosed(f"run {run_id!r} is complete ({self.cases_completed} of {self.declared_cases} declared "
+                            f"cases{', run.completed written' if self.run_completed else ''}): case {case_id!r} is "
+                            "not taken in; start another run (a new run id or namespace) for more cases")
 
     @property
     def completes_run(self) -> bool:

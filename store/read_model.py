@@ -112,6 +112,12 @@ class EventLog:
             [run_id, _FAR if upto_seq is None else upto_seq]).fetchall()
         return {t: int(n) for t, n in rows}
 
+    def seq_span(self, run_id: str, type_: str) -> tuple[int | None, int | None]:
+        """(first, last) seq of the run's events of `type_`; (None, None) when it has none."""
+        row = self.store.conn.execute("SELECT min(seq), max(seq) FROM events WHERE run_id = ? AND type = ?",
+                                      [run_id, type_]).fetchone()
+        return (row[0], row[1]) if row else (None, None)
+
     def completed_cases(self, run_id: str, *, upto_seq: int | None = None) -> int:
         return self.count(run_id, types=["case.completed"], upto_seq=upto_seq)
 

@@ -123,6 +123,7 @@ class Session:
         `case.received` first), and must not keep the scrubber built now: the case's own run builds it
         again from the `case.received` it records (same inputs, same scrubber)."""
         ctx = self.ctx
+        ctx.projection.state.check_open(ctx.run_id, case.case_id)  # as `retrieve` does, before anything is shown
         deid = ctx.writer.deidentifier
         if deid is not None:
             deid.observe(CaseReceived(index=ctx.projection.state.cases_completed, case=case.model_dump(mode="json")),

@@ -65,6 +65,12 @@ def test_the_printed_values_are_accepted(published, tmp_path):
 
 def test_a_consistent_forgery_passes_the_chain_but_not_the_anchors(published, tmp_path):
     db = _copy(published, tmp_path)
+    keys = tmp_path / "signing"  # a signing key is kept apart from the database (store/signing.py)
+    keys.mkdir()
+    key = keys / "signing.key"
+    key.write_bytes(b"k" * 32)
+    code, out = cli_json("sign", "--db", db, "r", "--key-file", key)
+    assert code == 0, out
     con = duckdb.connect(str(db))
     try:
         forge_consistent_truncation(con)
@@ -80,6 +86,9 @@ def test_a_consistent_forgery_passes_the_chain_but_not_the_anchors(published, tm
     assert code == 1 and out["reason"] == "expect_head_mismatch", out
     res = CliRunner().invoke(main, ["verify", "--db", str(db), "r", "--expect", published["fingerprint"]])
     assert res.exit_code == 1 and "TAMPERED (fingerprint is not the published one)" in res.output
+    # what a signed head adds: the forgery is not the log that was signed (docs/trust.md's row)
+    code, out = cli_json("verify", "--db", db, "r", "--key-file", key)
+    assert code == 1 and out["reason_codes"] == ["head_mismatch"], out
 
 
 def test_plain_truncation_fails_the_head_anchor(published, tmp_path):

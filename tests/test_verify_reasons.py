@@ -177,6 +177,10 @@ def test_chain_divergence_and_incomplete_each_have_their_code(sealed_db, tmp_pat
 def test_signed_head_faults_have_their_codes(sealed_db, tmp_path):
     path = _copy(sealed_db, tmp_path, lambda con: con.execute("DELETE FROM signed_heads"))
     assert _verify(path, KEY).reason == "head_absent"
+    # a field of the signed head edited (its MAC no longer covers it): the log itself is untouched
+    path = _copy(sealed_db, tmp_path, lambda con: con.execute("UPDATE signed_heads SET events = events + 1"))
+    out = _verify(path, KEY)
+    assert out.reason == "head_bad_signature" and out.reason_codes == ("head_bad_signature",), out
     path = _copy(sealed_db, tmp_path)
     with EventStore(path) as store:
         sign_head(store, "r", OTHER_KEY, force=True)

@@ -1,0 +1,141 @@
+"""A complete run is closed (issue 43, part 3).
+
+Before: a namespace opened with `cases=2` took a third case after `run.completed`, and `verify` then said
+"VERIFIED (IDENTICAL) … cases 3 · all 2 declared cases completed"; `cases=-5` was accepted. Now no case
+enters a run after its last declared one (or after `run.completed`), a declared count is a positive whole
+number, and `verify` never prints a contradiction: each inconsistent record an older build (or an edit)
+can leave is reported INCONSISTENT, never whole.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+
+from cli_helpers import cli_json
+from grandrounds import Memory
+from grandrounds.cli import main
+from grandrounds.handlers.runs import DeclaredCount
+from grandrounds.store.canonical import canonical_json
+from grandrounds.store.memory_state import MemoryState, RunClosed
+from test_tamper import _rechain
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = [json.loads(line) for line in (ROOT / "examples" / "cases.jsonl").read_text().splitlines()[:3]]
+
+
+def _answer(memory, case) -> None:
+    memory.recall(case)
+    memory.record(case["case_id"], answer="A")
+    memory.feedback(case["case_id"], outcome=case["answer"])
+
+
+def _verify(db: Path, run_id: str) -> dict:
+    code, out = cli_json("verify", "--db", db, run_id)
+    return {"code": code, **out}
+
+
+def test_no_case_enters_a_complete_namespace(tmp_path):
+    db = tmp_path / "m.duckdb"
+    with Memory.open(db, namespace="ward-7", cases=2) as memory:
+        _answer(memory, CASES[0])
+        _answer(memory, CASES[1])
+        with pytest.raises(RunClosed, match="is complete .*ex-003"):
+            memory.recall(CASES[2])
+    with Memory.open(db, namespace="ward-7", cases=2) as memory:  # reopened: still closed
+        with pytest.raises(RunClosed):
+            memory.recall(CASES[2])
+    out = _verify(db, "ward-7")
+    assert out["code"] == 0 and out["identical"] and out["cases"] == 2 and out["declared_cases"] == 2, out
+
+
+@pytest.mark.parametrize("cases", [0, -5, True, 2.5, "2"])
+def test_a_declared_count_is_a_positive_whole_number(tmp_path, cases):
+    db = tmp_path / "m.duckdb"
+    with pytest.raises(DeclaredCount, match="positive whole number"):
+        Memory.open(db, namespace="w", cases=cases)
+    assert not db.exists() and not Path(f"{db}.keys").exists()  # bad input: nothing written
+
+
+def _old_build_log(tmp_path, monkeypatch) -> Path:
+    """What the build before this one wrote: a run of 2 declared cases that took a third after run.completed."""
+    db = tmp_path / "old.duckdb"
+    with monkeypatch.context() as m:
+        m.setattr(MemoryState, "check_open", lambda self, run_id, case_id: None)
+        with Memory.open(db, namespace="ward-7", cases=2) as memory:
+            for case in CASES:
+                _answer(memory, case)
+    return db
+
+
+def _edit(db: Path, sql: str, params: list) -> None:
+    con = duckdb.connect(str(db))
+    try:
+        con.execute(sql, params)
+        _rechain(con, "ward-7")  # consistent chain: only the completeness check can see it
+    finally:
+        con.close()
+
+
+def _set_declared(value):
+    def edit(db: Path) -> None:
+        con = duckdb.connect(str(db))
+        try:
+            started = json.loads(con.execute("SELECT payload FROM events WHERE run_id = 'ward-7' AND seq = 0")
+                                 .fetchone()[0])
+        finally:
+            con.close()
+        _edit(db, "UPDATE events SET payload = ? WHERE run_id = 'ward-7' AND seq = 0",
+              [canonical_json(dict(started, cases=value))])
+    return edit
+
+
+def test_a_case_after_run_completed_is_inconsistent_never_whole(tmp_path, monkeypatch):
+    db = _old_build_log(tmp_path, monkeypatch)
+    out = _verify(db, "ward-7")
+    assert out["code"] == 1 and not out["ok"] and not out["identical"] and out["complete"] is False, out
+    assert "inconsistent" in out["reason_codes"], out
+    assert "3 cases received where run.started declares 2" in out["completeness"], out
+    assert "a case received after run.completed" in out["completeness"], out
+    human = CliRunner().invoke(main, ["verify", "--db", str(db), "ward-7"]).output
+    assert "INCONSISTENT" in human and "all 2 declared cases completed" not in human, human
+
+
+@pytest.mark.parametrize("edit,says", [
+    (_set_declared(-5), "declares -5 cases, not a positive count"),
+    (_set_declared(0), "declares 0 cases, not a positive count"),
+    (_set_declared(1), "2 cases received where run.started declares 1"),
+], ids=["negative", "zero", "fewer-than-received"])
+def test_each_contradiction_of_the_declared_count_is_named(tmp_path, edit, says):
+    db = tmp_path / "m.duckdb"
+    with Memory.open(db, namespace="ward-7", cases=2) as memory:
+        _answer(memory, CASES[0])
+        _answer(memory, CASES[1])
+    edit(db)
+    out = _verify(db, "ward-7")
+    assert out["code"] == 1 and out["complete"] is False and "inconsistent" in out["reason_codes"], out
+    assert says in out["completeness"], out
+    assert "all " not in out["completeness"], out
+
+
+def test_two_run_completed_events_are_inconsistent(tmp_path):
+    db = tmp_path / "m.duckdb"
+    with Memory.open(db, namespace="ward-7", cases=2) as memory:
+        _answer(memory, CASES[0])
+        _answer(memory, CASES[1])
+    con = duckdb.connect(str(db))
+    try:
+        row = con.execute("SELECT seq, type, schema_version, case_id, causation_seq, payload, meta FROM events "
+                          "WHERE run_id = 'ward-7' AND type = 'run.completed'").fetchone()
+        last = con.execute("SELECT max(seq) FROM events WHERE run_id = 'ward-7'").fetchone()[0]
+        con.execute("INSERT INTO events VALUES ('ward-7', ?, ?, ?, ?, ?, ?, ?, 'x')", [last + 1, *row[1:]])
+        _rechain(con, "ward-7")
+    finally:
+        con.close()
+    out = _verify(db, "ward-7")
+    assert out["code"] == 1 and "2 run.completed events" in out["completeness"], out
+    assert "inconsistent" in out["reason_codes"], out
