@@ -248,7 +248,7 @@ def run_jobs(target: EventStore, cache: EmbeddingCache, jobs: Sequence[RunJob], 
     keys_path = None
     if target.codec is not None:  # one writer of the key file: every subject's key made here, before the workers
         ring = target.codec.ring
-        ring.ensure([ring.ref(subject_of(c.model_dump(mode="json"), c.case_id)) for j in todo for c in j.cases])
+        ring.ensure([ring.ref(subject_of(c.model_dump(mode="json"), c.case_id, j.run_id)) for j in todo for c in j.cases])
         keys_path = str(ring.path)
     tmp = Path(tempfile.mkdtemp(prefix="grandrounds-replay-"))
     try:

@@ -30,6 +30,11 @@ class NoSuchSubject(InvalidInput, LookupError):
     """Nothing of that subject is in this database (bad input)."""
 
 
+class AmbiguousSubject(InvalidInput, LookupError):
+    """A subject that names content of more than one run where it may mean different patients (a case id
+    several namespaces share): refused, listing the matches (bad input)."""
+
+
 class NotSealed(InvalidInput, RuntimeError):
     """The database has no key file (content stored in clear): nothing can be crypto-shredded."""
 
@@ -37,10 +42,14 @@ class NotSealed(InvalidInput, RuntimeError):
 @dataclass(frozen=True)
 class Erasure:
     subject_ref: str
+    """The first of `subject_refs` (what older callers print)."""
     runs: dict[str, list[str]]
     """Run id -> the cases of that run whose content was erased."""
     fingerprints: dict[str, str]
-    """Run id -> its fingerprint as recorded just before the key was destroyed."""
+    """Run id -> its fingerprint as recorded just before the key was destroyed (empty for a dry run)."""
+    subject_refs: tuple[str, ...] = ()
+    """Every key destroyed (or, dry run, that would be): one per run for a case's own subject."""
+    dry_run: bool = False
 
 
 def _runs_and_cases(store, ref: str) -> dict[str, list[str]]:
@@ -53,36 +62,95 @@ def _runs_and_cases(store, ref: str) -> dict[str, list[str]]:
     return out
 
 
-def erase_subject(store, subject: str) -> Erasure:
+def _runs_with_case(store, case_id: str) -> list[str]:
+    return [r[0] for r in store.conn.execute(
+        "SELECT DISTINCT run_id FROM events WHERE type = 'case.received' AND case_id = ? ORDER BY run_id",
+        [case_id]).fetchall()]
+
+
+def find_subject(store, subject: str, run_id: str | None = None) -> dict[str, dict[str, list[str]]]:
+    """Subject ref -> {run: [cases]} of the sealed content `subject` names. `case:ID` (a case that names no
+    subject) is that case within each run holding it, or within `run_id`, plus the key an older build
+    sealed every run's case `ID` under (`legacy_subject`); any other subject is one key, across runs (the
+    same patient wherever they appear)."""
+    from grandrounds.store.sealing import default_subject, legacy_subject
+
+    ring = store.codec.ring
+    if subject.startswith("case:"):
+        case_id = subject[len("case:"):]
+        runs = [run_id] if run_id is not None else _runs_with_case(store, case_id)
+        subjects = [default_subject(r, case_id) for r in runs] + [legacy_subject(case_id)]
+    else:
+        if run_id is not None:
+            raise InvalidInput(f"--run scopes a case's own subject (case:ID); {subject!r} names one subject "
+                               "across runs")
+        subjects = [subject]
+    found: dict[str, dict[str, list[str]]] = {}
+    for name in dict.fromkeys(subjects):
+        ref = ring.ref(name, create=False)
+        if ref and ref not in found:
+            runs_cases = _runs_and_cases(store, ref)
+            if runs_cases and (run_id is None or run_id in runs_cases):
+                found[ref] = runs_cases  # all its runs: a key shared with other runs cannot go for one
+    return found
+
+
+def erase_subject(store, subject: str, run_id: str | None = None, every_run: bool = False,
+                  dry_run: bool = False) -> Erasure:
+    """Destroy the key(s) of `subject`'s content (see the module). A `case:ID` held by several runs names a
+    different patient in each: refused (`AmbiguousSubject`, listing the runs) unless `run_id` picks one or
+    `every_run` says all; content an older build sealed under one key for every run's case `ID` can only go
+    together, so it is refused unless `every_run`. `dry_run`: what would go, nothing destroyed."""
     codec = store.codec
     if codec is None:
         raise NotSealed(f"{store.path}: case content is not sealed (no key file), so it cannot be crypto-shredded")
     require_key_file(store)  # a lost key file is named, never reported as "no content of that subject"
-    ref = codec.ring.ref(subject, create=False)
-    affected = _runs_and_cases(store, ref) if ref else {}
-    if not affected or codec.ring.key(ref) is None:
-        if ref and codec.ring.is_erased(ref):
+    found = find_subject(store, subject, run_id)
+    live = {ref: rc for ref, rc in found.items() if codec.ring.key(ref) is not None}
+    if not live:
+        if any(codec.ring.is_erased(r) for r in found):
             raise NoSuchSubject(f"subject {subject!r} is already erased from {store.path}")
-        raise NoSuchSubject(f"no content of subject {subject!r} in {store.path}")
+        if found:
+            raise NoSuchSubject(f"subject {subject!r}: its key is not in the key file, so there is nothing to "
+                                "destroy (verify reports key_missing)")
+        raise NoSuchSubject(f"no content of subject {subject!r} in {store.path}"
+                            + (f" run {run_id!r}" if run_id else ""))
+    runs = sorted({r for rc in live.values() for r in rc})
+    if subject.startswith("case:") and len(runs) > 1 and not every_run:
+        shared = [ref for ref, rc in live.items() if len(rc) > 1]
+        how = ("an older build sealed them under one key, so they can only be erased together: add --every-run"
+               if shared else "give --run RUN for the one to erase, or --every-run for all of them")
+        raise AmbiguousSubject(f"subject {subject!r} is case {subject[5:]!r} of {len(runs)} runs "
+                               f"({', '.join(runs)}), each its own patient: {how}")
+    affected: dict[str, list[str]] = {}
+    for rc in live.values():
+        for r, cases in rc.items():
+            affected.setdefault(r, []).extend(cases)
+    refs = tuple(live)
+    if dry_run:
+        return Erasure(refs[0], affected, {}, refs, dry_run=True)
     store.conn.execute(ERASURES_SCHEMA)
     fingerprints = {}
-    for run_id in affected:
-        last = store.last_seq(run_id)
-        fp = store.fingerprint(run_id)
-        fingerprints[run_id] = fp
-        store.conn.execute("INSERT OR IGNORE INTO erasures VALUES (?, ?, ?, ?)", [run_id, last, fp, ref])
+    for r in affected:
+        last = store.last_seq(r)
+        fp = store.fingerprint(r)
+        fingerprints[r] = fp
+        for ref, rc in live.items():
+            if r in rc:
+                store.conn.execute("INSERT OR IGNORE INTO erasures VALUES (?, ?, ?, ?)", [r, last, fp, ref])
     # A saved projection holds memory folded from plaintext: dropped (it is rebuilt from the log, where
     # the erased fields now read as stand-ins). DuckDB may keep deleted blocks until it reuses them.
-    for run_id in affected:
+    for r in affected:
         try:
-            store.conn.execute("DELETE FROM checkpoints WHERE run_id = ?", [run_id])
+            store.conn.execute("DELETE FROM checkpoints WHERE run_id = ?", [r])
         except Exception:  # no checkpoints table in this file
             pass
     store.conn.execute("CHECKPOINT")
-    # Only now, with the fingerprints safe, is the key destroyed.
-    codec.ring.erase(ref)
-    codec._aead.pop(ref, None)
-    return Erasure(ref, affected, fingerprints)
+    # Only now, with the fingerprints safe, are the keys destroyed.
+    for ref in refs:
+        codec.ring.erase(ref)
+        codec._aead.pop(ref, None)
+    return Erasure(refs[0], affected, fingerprints, refs)
 
 
 def recorded_fingerprint(store, run_id: str, upto_seq: int | None = None) -> str:

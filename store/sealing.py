@@ -74,9 +74,24 @@ def _kind(v: Any) -> str:
     return "s" if isinstance(v, str) else "l" if isinstance(v, list) else "d" if isinstance(v, dict) else "n"
 
 
-def subject_of(case: dict, case_id: str) -> str:
-    """A case's subject: its `subject` field; MedAgentBench: the patient's MRN; else the case itself."""
-    return str(case.get("subject") or case.get("eval_mrn") or f"case:{case_id}")
+def default_subject(run_id: str, case_id: str) -> str:
+    """The subject of a case that names none: the case itself, within its run. Two runs (namespaces) of one
+    file may each hold a case `c1` of a different patient; before issue 43 both were the subject
+    `case:c1`, one key, and erasing one erased the other. The string is unambiguous whatever the ids hold
+    (`grandrounds erase --subject case:ID --run RUN` names it). Rows sealed before keep the reference they
+    were sealed under (every sealed row stores it), so their meaning does not change."""
+    return "case:" + json.dumps([run_id, case_id], ensure_ascii=False, separators=(",", ":"))
+
+
+def legacy_subject(case_id: str) -> str:
+    """The default subject rows sealed before issue 43 carry: `case:<case_id>`, shared by every run of the file."""
+    return f"case:{case_id}"
+
+
+def subject_of(case: dict, case_id: str, run_id: str) -> str:
+    """A case's subject: its `subject` field; MedAgentBench: the patient's MRN; else the case itself, within
+    its run (`default_subject`)."""
+    return str(case.get("subject") or case.get("eval_mrn") or default_subject(run_id, case_id))
 
 
 def is_erased_case(case: dict) -> bool:
@@ -171,14 +186,14 @@ class SealingCodec:
     def _ref_for(self, run_id: str, type_: str, case_id: str, payload: dict,
                  lookup: Callable[[str, str], str | None] | None) -> str:
         if type_ == "case.received":
-            ref = self.ring.ref(subject_of(payload.get("case") or {}, case_id))
+            ref = self.ring.ref(subject_of(payload.get("case") or {}, case_id, run_id))
             self._refs.put((run_id, case_id), ref)
             return ref
         ref = self._refs.get((run_id, case_id))
         if ref is None and lookup is not None:
             ref = lookup(run_id, case_id)
         if ref is None:
-            ref = self.ring.ref(f"case:{case_id}")
+            ref = self.ring.ref(default_subject(run_id, case_id))
         self._refs.put((run_id, case_id), ref)
         return ref
 
