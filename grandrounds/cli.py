@@ -12,7 +12,8 @@ import click
 
 from grandrounds.cli_group import main, progress as _progress
 from grandrounds.cli_medagentbench import model_call_options
-from grandrounds.errors import BAD_INPUT, discard_on_bad_input, fail, fail_for, keep_written
+from grandrounds.errors import (BAD_INPUT, discard_on_bad_input, fail, fail_for, keep_written, message_of,
+                               resume_hint, where_raised)
 from grandrounds.output import render_run
 
 
@@ -276,14 +277,16 @@ def run(cases_file, db, run_id, policy, backbone, model, agent_ref, base_url, ti
             # What to publish to check this log later without any key (`verify --expect/--expect-head`).
             outcome.summary["chain_head"] = store.head(outcome.summary["run_id"])[1]
             key_file = _key_file_note(store, keys_existed)
-    except BAD_INPUT as exc:
-        fail(str(exc), 2, as_json)
-    except (StoreError, ReplayDivergence) as exc:
-        fail_for(exc, as_json)
     except ModelOutage as exc:
         outage_exit(exc, as_json)
-    except ValueError as exc:  # --memory-from that cannot apply
-        fail(str(exc), 2, as_json)
+    except Exception as exc:  # the one boundary: what the error is, and when it came, decide the exit
+        if where_raised(exc) is not None:  # raised while a case ran (the agent's, a backbone's, a bug): never
+            fail(message_of(exc) + resume_hint(db_path), 1, as_json)  # bad input; every committed case is kept
+        if isinstance(exc, (*BAD_INPUT, ValueError)):
+            fail(str(exc), 2, as_json)  # before any case ran (--memory-from that cannot apply): bad input
+        if isinstance(exc, (StoreError, ReplayDivergence, GrandroundsError)):
+            fail_for(exc, as_json)
+        raise
     summary = outcome.summary
     notes = [n for n in (note, outcome.note) if n]
     if key_file is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -24,12 +25,32 @@ def exit_code(exc: BaseException) -> int:
     return exc.exit_code if isinstance(exc, GrandroundsError) else 1
 
 
+def where_raised(exc: BaseException) -> str | None:
+    """'at case C (stage S, component)' when `exc` escaped a case's stage (handlers/pipeline.py marks it)."""
+    return getattr(exc, "grandrounds_where", None)
+
+
+def resume_hint(db: str) -> str:
+    """What a run that failed after it began says about its file: what is kept, and how to go on."""
+    from grandrounds.store.dbfile import committed_cases
+
+    kept = committed_cases(db)
+    held = f"{kept} committed case(s) kept in {db}" if kept else f"{db} kept"
+    return f"; {held}: fix the cause and run the same command again to resume"
+
+
 def message_of(exc: BaseException) -> str:
+    where = where_raised(exc)
+    text = str(exc) or type(exc).__name__
+    if where and not isinstance(exc, GrandroundsError):  # someone else's exception: name it and where it came from
+        text = f"{type(exc).__name__} {where}: {text}"
+    elif where:
+        text = f"{text} ({where})"
     if isinstance(exc, Bug):
-        return f"{exc} (an internal error of grandrounds, not of the input: please report it)"
+        return f"{text} (an internal error of grandrounds, not of the input: please report it)"
     if isinstance(exc, Retryable) and not isinstance(exc, InvalidInput):
-        return f"{exc} (a transient failure: the same command run again resumes)"
-    return str(exc)
+        return f"{text} (a transient failure: the same command run again resumes)"
+    return text
 
 
 def fail_for(exc: BaseException, as_json: bool) -> None:
@@ -37,13 +58,17 @@ def fail_for(exc: BaseException, as_json: bool) -> None:
     fail(message_of(exc), exit_code(exc), as_json)
 
 
-_NEW_FILES: list[str] = []
+_NEW_FILES: list[tuple[str, bool]] = []
 
 
 def discard_on_bad_input(path: str) -> None:
-    """A file this command is about to create: if it then exits 2 (bad input), the file goes too,
-    so a refused command leaves nothing behind. One command's file at a time."""
-    _NEW_FILES[:] = [path]
+    """A file this command is about to create: if it then exits 2 (bad input), the file goes too (and its
+    key file, when this command made that as well), so a refused command leaves nothing behind — unless
+    the file holds a committed case by then: it stays, and the exit is 1 (`fail`). One file at a time."""
+    from grandrounds.store.keyring import keys_path_for
+
+    keys = keys_path_for(path)
+    _NEW_FILES[:] = [(path, keys is not None and keys == Path(f"{path}.keys") and not keys.exists())]
 
 
 def keep_written() -> None:
@@ -52,12 +77,19 @@ def keep_written() -> None:
 
 
 def fail(message: str, code: int, as_json: bool) -> None:
+    """Exit with `code`. Exit 2 means bad input and nothing left behind: a file this command created goes,
+    unless it holds a committed case by now — then it is kept, whatever was asked, and the exit is 1 with
+    the count kept and how to resume (an error after the first commit is never 'bad input')."""
     created, _NEW_FILES[:] = list(_NEW_FILES), []
     if code == 2:
-        from grandrounds.store.dbfile import remove_new_file
+        from grandrounds.store.dbfile import committed_cases, remove_new_file
 
-        for path in created:
-            remove_new_file(path)
+        for path, keys_too in created:
+            if not remove_new_file(path, keys_too=keys_too):
+                kept = committed_cases(path)
+                code = 1
+                message += (f" — {path} is kept with its {kept} committed case(s)" if kept else f" — {path} is kept")
+                message += "; fix the cause and run the same command again to resume"
     if as_json:
         click.echo(json.dumps({"error": message, "exit_code": code}))
     click.echo(f"error: {message}", err=True)

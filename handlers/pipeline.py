@@ -50,11 +50,31 @@ async def run_stage(ctx: RunContext, case: Case | FhirCase, index: int, progress
     `embeddings.recorded` (recorded inputs, DESIGN §3); after the last case's govern, `run.completed`
     comes last."""
     run = stage_def(stage).run
-    with noting_vectors() as used:
-        await run(ctx, case, index, progress)
+    try:
+        with noting_vectors() as used:
+            await run(ctx, case, index, progress)
+    except Exception as exc:
+        mark_where(exc, ctx, case.case_id, stage)
+        raise
     record_vectors(ctx, used, case.case_id)
     if closes_case(stage):
         close_run_if_done(ctx)
+
+
+def mark_where(exc: BaseException, ctx: RunContext, case_id: str, stage: Stage) -> None:
+    """Say on `exc` where it escaped — the case, the stage and the component that runs it — for the one
+    error boundary (grandrounds/errors.py `message_of`): 'at case ex-004 (act stage, backbone agent
+    my_agent:answer)'. The exception itself is not replaced: callers still catch it by its class. The
+    innermost mark wins (a stage that calls another keeps the first)."""
+    if getattr(exc, "grandrounds_where", None) is None:
+        name = getattr(stage, "value", stage)
+        backbone = type(ctx.backbone).__name__.removesuffix("Backbone").lower() or "backbone"
+        model = getattr(ctx.backbone, "model", None)
+        component = f"backbone {backbone}" + (f" {model}" if model else "")
+        try:
+            exc.grandrounds_where = f"at case {case_id} ({name} stage, {component})"
+        except AttributeError:  # an exception type without a __dict__: its message stands alone
+            pass
 
 
 def record_vectors(ctx: RunContext, used: dict, case_id: str | None = None) -> None:

@@ -52,13 +52,40 @@ def db_file(db: str | Path) -> str:
     return path
 
 
-def remove_new_file(path: str | Path) -> None:
-    """Delete a database file (and its WAL) that the failing command itself created."""
-    for p in (Path(path), Path(f"{path}.wal")):
+def committed_cases(path: str | Path) -> int | None:
+    """How many `case.completed` events the DuckDB file at `path` holds: 0 for no file or no events table,
+    None when it cannot be read (then it must be treated as holding some)."""
+    if not Path(path).exists():
+        return 0
+    import duckdb
+
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except Exception:  # locked by another process, not DuckDB, unreadable: never assume it is empty
+        return None
+    try:
+        return int(con.execute("SELECT count(*) FROM events WHERE type = 'case.completed'").fetchone()[0])
+    except duckdb.CatalogException:  # created, nothing written yet
+        return 0
+    except Exception:
+        return None
+    finally:
+        con.close()
+
+
+def remove_new_file(path: str | Path, keys_too: bool = False) -> bool:
+    """Delete a database file (and its WAL) that the failing command itself created — unless it holds a
+    committed case (or cannot be read to tell): no command deletes a file that holds one. `keys_too`: the
+    database's key file was created by the same command, and goes with it. Returns whether it was removed."""
+    if committed_cases(path) != 0:
+        return False
+    paths = [Path(path), Path(f"{path}.wal")] + ([Path(f"{path}.keys")] if keys_too else [])
+    for p in paths:
         try:
             p.unlink()
         except FileNotFoundError:
             pass
+    return True
 
 
 class ProtectedOutput(InvalidInput, ValueError):

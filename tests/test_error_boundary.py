@@ -1,0 +1,95 @@
+"""No error loses data: errors are classified once, at the edge (issue 43, part 1, for `grandrounds run`).
+
+Before: an agent that raised `ValueError` (a `json.JSONDecodeError` from parsing a model's reply is one)
+made `run` exit 2 "bad input" and delete the new database with the cases it had committed, leaving its
+key file orphaned. Now an exception that escapes a case's stage is marked with the case, the stage and the
+component (handlers/pipeline.py `mark_where`), and the boundary (grandrounds/errors.py) exits 1, keeps the
+file with every committed case, names them, and says how to resume; exit 2 still means bad input found
+before anything was written, and leaves nothing — and no exit deletes a file that holds a committed case.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli_helpers import cli_json, example_cases
+from grandrounds.cli import main
+from grandrounds.errors import discard_on_bad_input, fail
+from grandrounds.store.dbfile import committed_cases
+
+AGENT = '''
+import json
+CALLS = {"n": 0}
+
+def answer(case, memory):
+    CALLS["n"] += 1
+    if CALLS["n"] == FAIL_AT:
+        json.loads("{not json")  # what parsing a model's bad reply raises: a ValueError
+    return sorted(case.options)[0]
+'''
+
+
+@pytest.fixture()
+def agent_module(tmp_path, monkeypatch):
+    def make(name: str, fail_at: int) -> str:
+        (tmp_path / f"{name}.py").write_text(f"FAIL_AT = {fail_at}\n" + AGENT)
+        sys.modules.pop(name, None)
+        return f"{name}:answer"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return make
+
+
+def test_an_agent_raising_after_commits_keeps_every_committed_case(tmp_path, agent_module):
+    cases = example_cases(tmp_path, 6)
+    db = tmp_path / "new.duckdb"
+    res = CliRunner().invoke(main, ["run", str(cases), "--db", str(db), "--run-id", "r", "--commit", "case",
+                                    "--agent", agent_module("bad_agent", 4)])
+    assert res.exit_code == 1, res.output
+    assert "JSONDecodeError at case ex-004 (act stage" in res.output, res.output
+    assert "3 committed case(s) kept" in res.output and "run the same command again to resume" in res.output
+    assert db.exists() and Path(f"{db}.keys").exists() and committed_cases(db) == 3
+    code, out = cli_json("verify", "--db", db, "r")
+    assert out["chain_intact"] and out["completed_cases"] == 3 and out["reason"] == "incomplete", out
+    # the same command with a mended agent resumes where it stopped, and the run is whole
+    res = CliRunner().invoke(main, ["run", str(cases), "--db", str(db), "--run-id", "r", "--commit", "case",
+                                    "--agent", agent_module("bad_agent", 0), "--json"])
+    assert res.exit_code == 0, res.output
+    code, out = cli_json("verify", "--db", db, "r")
+    assert code == 0 and out["identical"] and out["completed_cases"] == 6, out
+
+
+def test_an_agent_raising_at_the_first_case_exits_1_and_keeps_the_file(tmp_path, agent_module):
+    cases = example_cases(tmp_path, 3)
+    db = tmp_path / "first.duckdb"
+    res = CliRunner().invoke(main, ["run", str(cases), "--db", str(db), "--run-id", "r", "--commit", "case",
+                                    "--agent", agent_module("first_agent", 1)])
+    assert res.exit_code == 1 and "at case ex-001" in res.output, res.output  # a case ran: not bad input
+
+
+def test_bad_input_before_anything_is_written_still_exits_2_and_leaves_nothing(tmp_path):
+    cases = example_cases(tmp_path, 3)
+    db = tmp_path / "refused.duckdb"
+    code, out = cli_json("run", cases, "--db", db, "--memory-from", "no-such-run")
+    assert code == 2, out
+    assert not db.exists() and not Path(f"{db}.keys").exists()
+
+
+def test_no_exit_deletes_a_file_that_holds_a_committed_case(tmp_path):
+    cases = example_cases(tmp_path, 2)
+    db = tmp_path / "kept.duckdb"
+    code, out = cli_json("run", cases, "--db", db, "--run-id", "r")
+    assert code == 0 and committed_cases(db) == 2
+    discard_on_bad_input(str(db))  # as if this command had created it
+    with pytest.raises(SystemExit) as exit_:
+        fail("something found late", 2, False)
+    assert exit_.value.code == 1  # not 'bad input': the file holds committed cases, and it stays
+    assert db.exists() and committed_cases(db) == 2
+    code, out = cli_json("verify", "--db", db, "r")
+    assert code == 0 and out["identical"], out
+    assert json.loads(json.dumps(out))["cases"] == 2
