@@ -42,6 +42,7 @@ from starlette.routing import Route
 
 from grandrounds.api import (CaseInput, CaseOpen, FeedbackResult, MemoryHub, NamespaceConfig, Recall, Recorded,
                              UnknownCase)
+from grandrounds.errors import message_of, where_raised
 from grandrounds.handlers.llm.errors import ReplayDivergence
 from grandrounds.store.errors import InvalidInput
 from grandrounds.store.event_types import AgentStep
@@ -180,6 +181,10 @@ def _json(model: BaseModel | dict) -> JSONResponse:
 
 
 def _failure(exc: Exception) -> JSONResponse:
+    if where_raised(exc) is not None:  # escaped a case while it ran: never the client's fault, whatever its class
+        return JSONResponse({"error": message_of(exc), "kept": "nothing of this case was written; the "
+                             "namespace's committed cases are kept, and the case is still open: send its feedback "
+                             "again once the cause is fixed"}, status_code=500)
     if isinstance(exc, KeyError):
         return JSONResponse({"error": f"namespace {exc.args[0]!r} is not open: PUT /v1/namespaces/{exc.args[0]} "
                                       "first"}, status_code=404)
@@ -200,6 +205,10 @@ def build_app(hub: MemoryHub, token: str) -> Starlette:
             try:
                 return await handler(request)
             except (KeyError, CaseOpen, UnknownCase, ReplayDivergence, InvalidInput, ValidationError) as exc:
+                return _failure(exc)
+            except Exception as exc:
+                if where_raised(exc) is None:
+                    raise
                 return _failure(exc)
         endpoint.__name__ = handler.__name__
         endpoint.__doc__ = handler.__doc__

@@ -71,10 +71,12 @@ def mark_where(exc: BaseException, ctx: RunContext, case_id: str, stage: Stage) 
         backbone = type(ctx.backbone).__name__.removesuffix("Backbone").lower() or "backbone"
         model = getattr(ctx.backbone, "model", None)
         component = f"backbone {backbone}" + (f" {model}" if model else "")
+        where = f"at case {case_id} ({name} stage, {component})"
         try:
-            exc.grandrounds_where = f"at case {case_id} ({name} stage, {component})"
+            exc.grandrounds_where = where
         except AttributeError:  # an exception type without a __dict__: its message stands alone
-            pass
+            return
+        exc.add_note(f"grandrounds: raised {where}")  # a Python API caller's traceback says where too
 
 
 def record_vectors(ctx: RunContext, used: dict, case_id: str | None = None) -> None:

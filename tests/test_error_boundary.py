@@ -93,3 +93,51 @@ def test_no_exit_deletes_a_file_that_holds_a_committed_case(tmp_path):
     code, out = cli_json("verify", "--db", db, "r")
     assert code == 0 and out["identical"], out
     assert json.loads(json.dumps(out))["cases"] == 2
+
+
+def test_over_http_a_stage_that_raises_is_a_500_naming_the_case_and_keeps_the_namespace(tmp_path, monkeypatch):
+    """A KeyError or a pydantic ValidationError escaping a stage used to read as the client's fault (404
+    "namespace is not open", 422); it is the server's: 500, naming the case and stage, nothing of the case
+    written, the earlier cases kept, and the same feedback succeeds once the cause is gone."""
+    from starlette.testclient import TestClient
+
+    from grandrounds.api import MemoryHub
+    from grandrounds.handlers import pipeline
+    from grandrounds.http_api import build_app
+
+    real = pipeline.stage_def
+    broken = {"on": False}
+
+    class Broken:
+        def __init__(self, stage):
+            self.stage = stage
+
+        async def run(self, *args):
+            raise KeyError("a policy's missing key")
+
+    def stage_def(stage):
+        return Broken(stage) if broken["on"] and getattr(stage, "value", stage) == "reflect" else real(stage)
+
+    monkeypatch.setattr(pipeline, "stage_def", stage_def)
+    cases = [json.loads(line) for line in example_cases(tmp_path, 3).read_text().splitlines()]
+    db = tmp_path / "http.duckdb"
+    auth = {"Authorization": "Bearer s3cret"}
+    with TestClient(build_app(MemoryHub(db), "s3cret")) as client:
+        assert client.put("/v1/namespaces/w", json={"cases": 3}, headers=auth).status_code == 200
+        for i, case in enumerate(cases):
+            gold = case.pop("answer")
+            assert client.post("/v1/namespaces/w/recall", json=case, headers=auth).status_code == 200
+            assert client.post("/v1/namespaces/w/record", json={"case_id": case["case_id"], "answer": "A"},
+                               headers=auth).status_code == 200
+            broken["on"] = i == 1
+            fb = client.post("/v1/namespaces/w/feedback", json={"case_id": case["case_id"], "outcome": gold},
+                             headers=auth)
+            if i == 1:
+                assert fb.status_code == 500, fb.text
+                assert f"KeyError at case {case['case_id']} (reflect stage" in fb.json()["error"], fb.text
+                broken["on"] = False  # the cause mended: the same feedback goes through
+                fb = client.post("/v1/namespaces/w/feedback", json={"case_id": case["case_id"], "outcome": gold},
+                                 headers=auth)
+            assert fb.status_code == 200, fb.text
+        verified = client.post("/v1/namespaces/w/verify", headers=auth).json()
+        assert verified["identical"] and verified["ok"] and verified["cases"] == 3, verified
