@@ -36,17 +36,24 @@ def _open(db: str, as_json: bool, read_only: bool):
 
 
 def _guarded(as_json: bool, fn):
-    """Run `fn`, mapping bad input to exit 2 and store/other failures to exit 1."""
+    """Run `fn` at the one error boundary: an exception that escaped a case while it ran exits 1 naming the
+    case (never bad input, whatever its class); bad input found before exits 2; store failures 1."""
+    from grandrounds.errors import message_of, where_raised
     from grandrounds.store.eventstore import StoreError
 
     try:
         return fn()
-    except _bad_input() as exc:
-        fail(str(exc), 2, as_json)
-    except click.BadParameter as exc:
-        fail(exc.message, 2, as_json)
-    except (StoreError, OSError) as exc:
-        fail(str(exc), 1, as_json)
+    except Exception as exc:
+        if where_raised(exc) is not None:  # escaped a case while it ran (the agent's, a backbone's): not bad input
+            fail(message_of(exc) + "; nothing committed is lost: fix the cause and run the same command again",
+                 1, as_json)
+        if isinstance(exc, _bad_input()):
+            fail(str(exc), 2, as_json)
+        if isinstance(exc, click.BadParameter):
+            fail(exc.message, 2, as_json)
+        if isinstance(exc, (StoreError, OSError)):
+            fail(str(exc), 1, as_json)
+        raise
 
 
 def _emit(obj: dict, as_json: bool, human: str | None = None) -> None:

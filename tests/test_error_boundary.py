@@ -141,3 +141,34 @@ def test_over_http_a_stage_that_raises_is_a_500_naming_the_case_and_keeps_the_na
             assert fb.status_code == 200, fb.text
         verified = client.post("/v1/namespaces/w/verify", headers=auth).json()
         assert verified["identical"] and verified["ok"] and verified["cases"] == 3, verified
+
+
+def test_replay_names_the_case_a_stage_raised_at_and_keeps_the_file(tmp_path, monkeypatch):
+    from grandrounds.handlers import pipeline
+
+    cases = example_cases(tmp_path, 4)
+    db = tmp_path / "replayed.duckdb"
+    code, out = cli_json("run", cases, "--db", db, "--run-id", "r")
+    assert code == 0, out
+    real = pipeline.stage_def
+    seen = {"n": 0}
+
+    class Broken:
+        async def run(self, *args):
+            raise ValueError("a policy's bad value")  # a ValueError: once read as bad input, exit 2
+
+    def stage_def(stage):
+        if getattr(stage, "value", stage) == "reflect":
+            seen["n"] += 1
+            if seen["n"] == 3:
+                return Broken()
+        return real(stage)
+
+    monkeypatch.setattr(pipeline, "stage_def", stage_def)
+    res = CliRunner().invoke(main, ["replay", "--db", str(db), "--from", "r", "--permutations", "1",
+                                    "--workers", "1"])
+    assert res.exit_code == 1, res.output
+    assert "ValueError at case" in res.output and "(reflect stage" in res.output, res.output
+    monkeypatch.setattr(pipeline, "stage_def", real)
+    code, out = cli_json("verify", "--db", db, "r")
+    assert code == 0 and out["identical"], out  # the run replayed from is untouched
