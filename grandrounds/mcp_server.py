@@ -15,8 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 from grandrounds.api import CaseInput, FeedbackResult, MemoryHub, NamespaceConfig, Recall, Recorded
+from grandrounds.errors import message_of, where_raised
 from grandrounds.store.event_types import AgentStep
 from grandrounds.store.llm_events import TokenUsage
 
@@ -51,7 +53,15 @@ def build_server(hub: MemoryHub, namespace: str, config: NamespaceConfig) -> MCP
     async def feedback(case_id: str, outcome: str | None = None, namespace: str | None = None) -> FeedbackResult:
         """Give the open case's outcome (its gold option letter): the answer is graded, memory reflects and
         governs, the case is committed; returns the grade and the memory changes."""
-        return await (await memory(namespace)).feedback(case_id, outcome)
+        try:
+            return await (await memory(namespace)).feedback(case_id, outcome)
+        except Exception as exc:
+            if where_raised(exc) is None:
+                raise
+            # escaped a case's stage: the server's failure, said with the case and stage (grandrounds/errors.py)
+            raise ToolError(message_of(exc) + "; nothing of this case was written, the namespace's cases are "
+                            "kept, and the case is still open: give its feedback again once the cause is fixed"
+                            ) from exc
 
     @server.tool()
     async def explain(case_id: str, namespace: str | None = None) -> dict[str, Any]:

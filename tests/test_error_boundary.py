@@ -172,3 +172,40 @@ def test_replay_names_the_case_a_stage_raised_at_and_keeps_the_file(tmp_path, mo
     monkeypatch.setattr(pipeline, "stage_def", real)
     code, out = cli_json("verify", "--db", db, "r")
     assert code == 0 and out["identical"], out  # the run replayed from is untouched
+
+
+def test_over_mcp_a_stage_that_raises_is_a_tool_error_naming_the_case(tmp_path, monkeypatch):
+    import asyncio
+
+    from grandrounds.api import MemoryHub, NamespaceConfig
+    from grandrounds.handlers import pipeline
+    from grandrounds.mcp_server import build_server
+
+    real = pipeline.stage_def
+    broken = {"on": True}
+
+    class Broken:
+        async def run(self, *args):
+            raise KeyError("a policy's missing key")
+
+    monkeypatch.setattr(pipeline, "stage_def", lambda stage: Broken() if broken["on"] and getattr(
+        stage, "value", stage) == "govern" else real(stage))
+    case = json.loads(example_cases(tmp_path, 1).read_text().splitlines()[0])
+    gold = case.pop("answer")
+
+    async def drive():
+        hub = MemoryHub(tmp_path / "mcp.duckdb")
+        server = build_server(hub, "w", NamespaceConfig(cases=1))
+        try:
+            await server.call_tool("recall", {"case": case})
+            await server.call_tool("record", {"case_id": case["case_id"], "answer": "A"})
+            with pytest.raises(Exception) as failed:
+                await server.call_tool("feedback", {"case_id": case["case_id"], "outcome": gold})
+            broken["on"] = False
+            await server.call_tool("feedback", {"case_id": case["case_id"], "outcome": gold})  # still open: goes
+            return str(failed.value)
+        finally:
+            await hub.aclose()
+
+    message = asyncio.run(drive())
+    assert f"KeyError at case {case['case_id']} (govern stage" in message and "still open" in message, message
