@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from grandrounds.store.errors import Bug, GrandroundsError, InvalidInput, Retryable
+from grandrounds.store.errors import Bug, GrandroundsError, InvalidInput, Retryable, where_raised  # noqa: F401 (re-exported)
 
 BAD_INPUT = (InvalidInput,)
 """What a command catches to exit 2 (kept as a tuple: commands add their own, e.g. click's)."""
@@ -23,11 +23,6 @@ BAD_INPUT = (InvalidInput,)
 
 def exit_code(exc: BaseException) -> int:
     return exc.exit_code if isinstance(exc, GrandroundsError) else 1
-
-
-def where_raised(exc: BaseException) -> str | None:
-    """'at case C (stage S, component)' when `exc` escaped a case's stage (handlers/pipeline.py marks it)."""
-    return getattr(exc, "grandrounds_where", None)
 
 
 def resume_hint(db: str) -> str:

@@ -35,3 +35,10 @@ class Retryable(GrandroundsError):
 
 class Bug(GrandroundsError):
     exit_code = 1
+
+
+def where_raised(exc: BaseException) -> str | None:
+    """'at case C (S stage, component)' when `exc` escaped a case's stage: handlers/pipeline.py marks it
+    there (`mark_where`), and every boundary (grandrounds/errors.py, the HTTP and MCP servers, the Kafka
+    worker) reads it here, so an error after the first commit is named by where it came from."""
+    return getattr(exc, "grandrounds_where", None)

@@ -11,7 +11,7 @@ from grandrounds.handlers.code_versions import code_versions
 from grandrounds.handlers.runs import RunMismatch, read_spec, spec_difference
 from grandrounds.handlers.pipeline import case_progress, run_stage
 from grandrounds.handlers.stages import CaseProgress, closes_case, next_stage
-from grandrounds.store.errors import Bug, InvalidInput
+from grandrounds.store.errors import Bug, InvalidInput, where_raised
 from grandrounds.store.event_types import CaseReceived
 from grandrounds.store.events import NewEvent, StoredEvent
 from grandrounds.store.projection import MemoryProjection, checkpoint_of, copy_projection, save_checkpoint
@@ -295,7 +295,9 @@ class RunActor:
         except Exception as exc:  # noqa: BLE001 - the stage failed: nothing was written
             log.exception("run %s case %s: %s failed", self.run_id, self.index, d.stage)
             self._reset()  # the projection saw the stage's unwritten events: reopen from the log
-            await self._fail(d, "failed", f"{d.stage} of case {self.index} failed: {exc!r}")
+            where = where_raised(exc)  # marked by the stage runner: the case id, the stage, the component
+            await self._fail(d, "failed", f"{type(exc).__name__} {where}: {exc}" if where else
+                             f"{d.stage} of case {self.index} failed: {exc!r}")
             return
         # The batch goes to the changelog and the next command to its stage topic, in one produce
         # request (both queued here, neither awaited); the committer writes the batch with the
