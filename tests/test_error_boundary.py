@@ -209,3 +209,58 @@ def test_over_mcp_a_stage_that_raises_is_a_tool_error_naming_the_case(tmp_path, 
 
     message = asyncio.run(drive())
     assert f"KeyError at case {case['case_id']} (govern stage" in message and "still open" in message, message
+
+
+# --- the injection matrix: each error class at each stage of `grandrounds run` ------------------------------
+
+def _injected():
+    from grandrounds.handlers.llm.errors import ModelOutage
+    from grandrounds.store.errors import Bug, InvalidInput
+    from grandrounds.store.recorder import StoreError
+
+    class FoundLate(InvalidInput, ValueError):
+        """Bad input only found while a case ran (after the first commit): never exit 2."""
+
+    return {
+        "bad-input": lambda: FoundLate("a value found bad mid-case"),
+        "agent": lambda: json.JSONDecodeError("Expecting value", "{not json", 1),
+        "outage": lambda: ModelOutage("refused", "connection refused", "http://127.0.0.1:9/v1", 3,
+                                      case_id="ex-003", stage="act"),
+        "store": lambda: StoreError("the disk is full"),
+        "bug": lambda: Bug("the agent loop's steps and tool calls do not pair up"),
+    }
+
+
+INJECTED = ["bad-input", "agent", "outage", "store", "bug"]
+
+
+@pytest.mark.parametrize("kind", INJECTED)
+@pytest.mark.parametrize("stage", ["retrieve", "act", "feedback", "reflect", "govern"])
+def test_each_error_at_each_stage_keeps_every_committed_case(tmp_path, monkeypatch, stage, kind):
+    from grandrounds.handlers import pipeline
+
+    real = pipeline.stage_def
+    calls = {"n": 0}
+    make = _injected()[kind]
+
+    class Raising:
+        async def run(self, *args):
+            raise make()
+
+    def stage_def(s):
+        if getattr(s, "value", s) == stage:
+            calls["n"] += 1
+            if calls["n"] == 3:  # the third case's stage: two cases are committed by then
+                return Raising()
+        return real(s)
+
+    monkeypatch.setattr(pipeline, "stage_def", stage_def)
+    cases = example_cases(tmp_path, 4)
+    db = tmp_path / "m.duckdb"
+    res = CliRunner().invoke(main, ["run", str(cases), "--db", str(db), "--run-id", "r", "--commit", "case"])
+    monkeypatch.setattr(pipeline, "stage_def", real)
+    assert res.exit_code == 1, res.output  # after the first commit: never 'bad input'
+    assert "ex-003" in res.output and ("run the same command again" in res.output.lower()), res.output
+    assert db.exists() and Path(f"{db}.keys").exists() and committed_cases(db) == 2
+    code, out = cli_json("verify", "--db", db, "r")
+    assert out["chain_intact"] and out["completed_cases"] == 2 and out["reason"] == "incomplete", out
