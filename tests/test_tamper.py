@@ -346,3 +346,29 @@ def test_cli_verify_exit_codes_and_key_sources(signed_db, tmp_path, monkeypatch)
     res = CliRunner().invoke(main, ["verify", "--db", str(path), "r", "--json"])
     assert res.exit_code == 2
     assert KEY.secret not in path.read_bytes()
+
+
+def test_docs_trust_shows_these_codes():
+    """docs/trust.md's matrix rows for these probes are rendered from CODES and ANCHORS (and the sealed
+    probes' SEALED_PROBES) by scripts/tamper_matrix.py: the page says what this test holds."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tamper_matrix", ROOT / "scripts" / "tamper_matrix.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--check"]) == 0
+
+
+def test_an_edited_matrix_code_is_caught(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tamper_matrix", ROOT / "scripts" / "tamper_matrix.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    page = tmp_path / "trust.md"
+    text = (ROOT / "docs" / "trust.md").read_text()
+    row = "| edit a payload | `chain_broken`, `diverged` |"
+    assert row in text
+    page.write_text(text.replace(row, "| edit a payload | `chain_broken` |"))
+    assert mod.main(["--check"], page=page) == 1
+    assert mod.main([], page=page) == 0 and mod.main(["--check"], page=page) == 0
