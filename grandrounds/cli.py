@@ -207,8 +207,9 @@ def run(cases_file, db, run_id, policy, backbone, model, agent_ref, base_url, ti
 
     from grandrounds.app import run_cases
     from grandrounds.streams.embedded import GroupCommit
-    from grandrounds.handlers.llm.errors import ModelOutage, ReplayDivergence
-    from grandrounds.store.eventstore import EventStore, StoreError
+    from grandrounds.handlers.llm.errors import ModelOutage
+    from grandrounds.store.errors import GrandroundsError
+    from grandrounds.store.eventstore import EventStore
 
     if backbone == "openai" and (not choice.record_from or live_fallthrough):
         _preflight(base_url, choice.model, as_json)  # before anything is opened or written
@@ -284,7 +285,7 @@ def run(cases_file, db, run_id, policy, backbone, model, agent_ref, base_url, ti
             fail(message_of(exc) + resume_hint(db_path), 1, as_json)  # bad input; every committed case is kept
         if isinstance(exc, (*BAD_INPUT, ValueError)):
             fail(str(exc), 2, as_json)  # before any case ran (--memory-from that cannot apply): bad input
-        if isinstance(exc, (StoreError, ReplayDivergence, GrandroundsError)):
+        if isinstance(exc, GrandroundsError):  # a store failure, a divergence, ...: the code its class stands for
             fail_for(exc, as_json)
         raise
     summary = outcome.summary

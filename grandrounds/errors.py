@@ -77,14 +77,12 @@ def fail(message: str, code: int, as_json: bool) -> None:
     the count kept and how to resume (an error after the first commit is never 'bad input')."""
     created, _NEW_FILES[:] = list(_NEW_FILES), []
     if code == 2:
-        from grandrounds.store.dbfile import committed_cases, remove_new_file
+        from grandrounds.store.dbfile import remove_new_file
 
         for path, keys_too in created:
             if not remove_new_file(path, keys_too=keys_too):
-                kept = committed_cases(path)
                 code = 1
-                message += (f" — {path} is kept with its {kept} committed case(s)" if kept else f" — {path} is kept")
-                message += "; fix the cause and run the same command again to resume"
+                message += resume_hint(path)
     if as_json:
         click.echo(json.dumps({"error": message, "exit_code": code}))
     click.echo(f"error: {message}", err=True)

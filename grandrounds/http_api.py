@@ -204,11 +204,7 @@ def build_app(hub: MemoryHub, token: str) -> Starlette:
         async def endpoint(request: Request) -> Response:
             try:
                 return await handler(request)
-            except (KeyError, CaseOpen, UnknownCase, ReplayDivergence, InvalidInput, ValidationError) as exc:
-                return _failure(exc)
-            except Exception as exc:
-                if where_raised(exc) is None:
-                    raise
+            except Exception as exc:  # mapped by what it is (`_failure`), else raised on
                 return _failure(exc)
         endpoint.__name__ = handler.__name__
         endpoint.__doc__ = handler.__doc__

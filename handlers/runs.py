@@ -67,9 +67,14 @@ class DeclaredCount(InvalidInput, ValueError):
     """A run opened with a case count that is not a positive integer (bad input: nothing is written)."""
 
 
+def is_declared_count(cases: Any) -> bool:
+    """Whether `cases` is a count a run may declare: a positive whole number (a bool is not one)."""
+    return isinstance(cases, int) and not isinstance(cases, bool) and cases >= 1
+
+
 def check_declared_count(cases: Any, run_id: str) -> None:
     """A run declares a positive whole number of cases, or none (an open-ended stream): else `DeclaredCount`."""
-    if cases is not None and (isinstance(cases, bool) or not isinstance(cases, int) or cases < 1):
+    if cases is not None and not is_declared_count(cases):
         raise DeclaredCount(f"run {run_id!r}: a run declares a positive whole number of cases, not {cases!r} "
                             "(or none, for an open-ended stream)")
 

@@ -24,6 +24,7 @@ from grandrounds.handlers.code_versions import code_versions, differences
 from grandrounds.handlers.environments.base import EnvironmentRecord
 from grandrounds.handlers.llm.errors import ReplayDivergence
 from grandrounds.handlers.llm.record import RecordedExchanges
+from grandrounds.handlers.runs import is_declared_count
 from grandrounds.replay.caselog import case_log, require_spec, seeded_memory
 from grandrounds.replay.environment import EnvironmentUnavailable, fhir_case_log  # noqa: F401 (fhir_case_log: re-exported)
 from grandrounds.replay.environment import recorded_environment as _recorded_environment
@@ -120,7 +121,7 @@ def _completeness(store: EventStore, run_id: str, chain_version: int | None) -> 
     run_completed = int(counts.get("run.completed", 0)) > 0
     out = {"declared_cases": declared, "received_cases": received, "completed_cases": completed,
            "run_completed": run_completed}
-    contradictions = _contradictions(store, run_id, declared, received, completed, int(counts.get("run.completed", 0)))
+    contradictions = _contradictions(store, run_id, declared, received, int(counts.get("run.completed", 0)))
     if contradictions:  # never "all N declared cases completed" beside a count that says otherwise
         return dict(out, complete=False, inconsistent=True, completeness="inconsistent: " + ", ".join(contradictions))
     if isinstance(declared, int):
@@ -139,21 +140,21 @@ def _completeness(store: EventStore, run_id: str, chain_version: int | None) -> 
     return dict(out, complete=False, completeness="incomplete: run.started declares no case count")
 
 
-def _contradictions(store: EventStore, run_id: str, declared, received: int, completed: int,
-                    run_completions: int) -> list[str]:
+def _contradictions(store: EventStore, run_id: str, declared, received: int, run_completions: int) -> list[str]:
     """What in the log contradicts the run it declares: a count that is not a positive integer, more cases
     than declared, more than one `run.completed`, or a case taken in after `run.completed`. Builds before
     runs were closed (issue 43) accepted such cases; a log that holds one is never whole."""
     out = []
-    if declared is not None and (isinstance(declared, bool) or not isinstance(declared, int) or declared < 1):
+    if declared is not None and not is_declared_count(declared):
         out.append(f"run.started declares {declared!r} cases, not a positive count")
     elif isinstance(declared, int) and received > declared:
         out.append(f"{received} cases received where run.started declares {declared}")
     if run_completions > 1:
         out.append(f"{run_completions} run.completed events")
     if run_completions:
-        closed_at, _ = EventLog(store).seq_span(run_id, "run.completed")
-        _, last_case = EventLog(store).seq_span(run_id, "case.received")
+        log = EventLog(store)
+        closed_at, _ = log.seq_span(run_id, "run.completed")
+        _, last_case = log.seq_span(run_id, "case.received")
         if last_case is not None and closed_at is not None and last_case > closed_at:
             out.append(f"a case received after run.completed (seq {closed_at})")
     return out

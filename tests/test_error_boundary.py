@@ -264,3 +264,17 @@ def test_each_error_at_each_stage_keeps_every_committed_case(tmp_path, monkeypat
     assert db.exists() and Path(f"{db}.keys").exists() and committed_cases(db) == 2
     code, out = cli_json("verify", "--db", db, "r")
     assert out["chain_intact"] and out["completed_cases"] == 2 and out["reason"] == "incomplete", out
+
+
+def test_a_store_error_outside_any_case_exits_by_its_class(tmp_path, monkeypatch):
+    """Not raised inside a stage (no mark) and not bad input: the exit its class stands for (1), no traceback."""
+    import grandrounds.app
+    from grandrounds.store.recorder import StoreError
+
+    def refuse(*args, **kwargs):
+        raise StoreError("the database refused the append")
+
+    monkeypatch.setattr(grandrounds.app, "run_cases", refuse)
+    res = CliRunner().invoke(main, ["run", str(example_cases(tmp_path, 2)), "--db", str(tmp_path / "s.duckdb")])
+    assert res.exit_code == 1 and "the database refused the append" in res.output, res.output
+    assert not isinstance(res.exception, NameError), res.exception
