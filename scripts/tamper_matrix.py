@@ -8,8 +8,10 @@ tests/test_tamper.py runs every probe of its `ATTACKS` and asserts, for each, th
 tests/test_verify_reasons.py does the same for the sealed-row probes (`SEALED_PROBES`). This script writes
 those rows of the matrix from the same dictionaries, between `<!-- tamper:probes -->` and
 `<!-- /tamper -->`, so the page says what the tests hold and nothing else; tests/test_tamper.py runs
-`--check`. The matrix's other rows (key custody, input files, issue 43's probes) are prose, each citing
-the test that asserts it.
+`--check`. Issue 43's probes (errors, erasure of one patient, closed runs, key custody) are written the
+same way, between `<!-- tamper:hostile -->` and `<!-- /tamper -->`, from the `HOSTILE` rows of the tests
+that assert them (tests/hostile_rows.py). The matrix's other rows (key custody, input files) are prose,
+each citing the test that asserts it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "trust.md"
 BEGIN, END = "<!-- tamper:probes -->", "<!-- /tamper -->"
+HOSTILE_BEGIN = "<!-- tamper:hostile -->"
+HOSTILE_MODULES = ["test_error_boundary", "test_erase_one_patient", "test_closed_runs", "test_signing_key_apart"]
 
 PROBES = {  # probe -> what it does, as the page says it
     "delete_last_event": "delete the last event",
@@ -76,11 +80,23 @@ def rows() -> list[str]:
 
 
 HEADER = ["| probe | no key | with signing key | anchors | test |", "|---|---|---|---|---|"]
+HOSTILE_HEADER = ["| probe | result | before (a66b17b) | test |", "|---|---|---|---|"]
+
+
+def hostile_rows() -> list[str]:
+    return [f"| {row.probe} | {row.result()} | {row.was} | `{row.test}` |"
+            for module in HOSTILE_MODULES for row in _load(module).HOSTILE.values()]
+
+
+def _block(text: str, begin: str, lines: list[str]) -> str:
+    start = text.index(begin)
+    stop = text.index(END, start)
+    return text[:start] + begin + "\n" + "\n".join(lines) + "\n" + text[stop:]
 
 
 def updated(text: str) -> str:
-    start, stop = text.index(BEGIN), text.index(END)
-    return text[:start] + BEGIN + "\n" + "\n".join([*HEADER, *rows()]) + "\n" + text[stop:]
+    text = _block(text, BEGIN, [*HEADER, *rows()])
+    return _block(text, HOSTILE_BEGIN, [*HOSTILE_HEADER, *hostile_rows()])
 
 
 def main(argv: list[str] | None = None, page: Path = PAGE) -> int:

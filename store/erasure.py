@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grandrounds.store.errors import InvalidInput
-from grandrounds.store.sealing import SEALED_KEY, SUBJECT_REF_SQL, ContentErased, require_key_file
+from grandrounds.store.sealing import (SEALED_KEY, SUBJECT_REF_SQL, SUBJECT_SCHEME_SQL, ContentErased,
+                                       require_key_file)
 
 ERASURES_SCHEMA = """CREATE TABLE IF NOT EXISTS erasures (
     run_id VARCHAR NOT NULL, last_seq BIGINT NOT NULL, fingerprint VARCHAR NOT NULL, subject_ref VARCHAR NOT NULL,
@@ -52,9 +53,12 @@ class Erasure:
     dry_run: bool = False
 
 
-def _runs_and_cases(store, ref: str) -> dict[str, list[str]]:
+def _runs_and_cases(store, ref: str, scheme: int | None = None) -> dict[str, list[str]]:
+    """Run -> cases sealed under `ref`; with `scheme`, only the rows written under that default-subject
+    scheme (store/sealing.py SUBJECT_SCHEME)."""
+    only = f" AND {SUBJECT_SCHEME_SQL} = {int(scheme)}" if scheme is not None else ""
     rows = store.conn.execute(
-        f"SELECT run_id, case_id FROM events WHERE type = 'case.received' AND {SUBJECT_REF_SQL} = ? "
+        f"SELECT run_id, case_id FROM events WHERE type = 'case.received' AND {SUBJECT_REF_SQL} = ?{only} "
         "ORDER BY run_id, seq", [ref]).fetchall()
     out: dict[str, list[str]] = {}
     for run_id, case_id in rows:
@@ -79,17 +83,19 @@ def find_subject(store, subject: str, run_id: str | None = None) -> dict[str, di
     if subject.startswith("case:"):
         case_id = subject[len("case:"):]
         runs = [run_id] if run_id is not None else _runs_with_case(store, case_id)
-        subjects = [default_subject(r, case_id) for r in runs] + [legacy_subject(case_id)]
+        # Each row is read under the scheme it was sealed under: `case:ID` is the case within its run
+        # in rows of scheme 2, the key every run's case ID shared in an older build's rows (scheme 1).
+        subjects = [(default_subject(r, case_id), 2) for r in runs] + [(legacy_subject(case_id), 1)]
     else:
         if run_id is not None:
             raise InvalidInput(f"--run scopes a case's own subject (case:ID); {subject!r} names one subject "
                                "across runs")
-        subjects = [subject]
+        subjects = [(subject, None)]
     found: dict[str, dict[str, list[str]]] = {}
-    for name in dict.fromkeys(subjects):
+    for name, scheme in dict.fromkeys(subjects):
         ref = ring.ref(name, create=False)
         if ref and ref not in found:
-            runs_cases = _runs_and_cases(store, ref)
+            runs_cases = _runs_and_cases(store, ref, scheme)
             if runs_cases and (run_id is None or run_id in runs_cases):
                 found[ref] = runs_cases  # all its runs: a key shared with other runs cannot go for one
     return found

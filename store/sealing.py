@@ -38,6 +38,13 @@ from grandrounds.store.keyring import KeyFileMissing, KeyRing, keys_path_for
 SEALED_KEY = "$sealed"
 SUBJECT_REF_SQL = "json_extract_string(payload, '$.\"$sealed\".s')"
 """SQL over the `events` table: the subject ref a row's payload is sealed under (NULL: not sealed)."""
+SUBJECT_SCHEME = 2
+"""The default-subject scheme a sealed row's envelope records (`v`): 1 (no `v`, builds before issue 43) is
+`legacy_subject`, `case:ID` shared by every run of the file; 2 is `default_subject`, the case within its
+run. A row keeps the scheme, and the subject reference, it was sealed under: a later build never
+re-reads an old row's subject under a new rule."""
+SUBJECT_SCHEME_SQL = f"coalesce(TRY_CAST(json_extract_string(payload, '$.\"{SEALED_KEY}\".v') AS INTEGER), 1)"
+"""SQL over the `events` table: the default-subject scheme a sealed row was written under."""
 ERASED = "[erased]"
 """What erased text reads as (audit, export, the web view)."""
 
@@ -217,7 +224,7 @@ class SealingCodec:
         ct = cipher.encrypt(nonce, canonical_json(secret).encode("utf-8"), aad)
         out = {k: v for k, v in payload.items() if k not in secret}
         out[SEALED_KEY] = {"s": ref, "f": {f: _kind(v) for f, v in secret.items()},
-                           "c": base64.b64encode(ct).decode("ascii")}
+                           "c": base64.b64encode(ct).decode("ascii"), "v": SUBJECT_SCHEME}
         return out
 
     def open(self, run_id: str, seq: int, type_: str, stored: dict, strict: bool = False) -> dict:

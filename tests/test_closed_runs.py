@@ -22,10 +22,42 @@ from grandrounds.cli import main
 from grandrounds.handlers.runs import DeclaredCount
 from grandrounds.store.canonical import canonical_json
 from grandrounds.store.memory_state import MemoryState, RunClosed
+from hostile_rows import Hostile
 from test_tamper import _rechain
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [json.loads(line) for line in (ROOT / "examples" / "cases.jsonl").read_text().splitlines()[:3]]
+COUNTS = [0, -5, True, 2.5, "2"]
+CONTRADICTIONS = {  # id -> (the declared count re-chained into run.started, what verify says)
+    "negative": (-5, "declares -5 cases, not a positive count"),
+    "zero": (0, "declares 0 cases, not a positive count"),
+    "fewer-than-received": (1, "2 cases received where run.started declares 1"),
+}
+T = "tests/test_closed_runs.py::"
+HOSTILE = {  # the rows of docs/trust.md's hostile matrix these tests assert
+    "complete": Hostile(
+        "a case offered to a complete run (a namespace of `cases=2`, a third `recall`; the run reopened)",
+        T + "test_no_case_enters_a_complete_namespace",
+        'taken in, then "VERIFIED (IDENTICAL) … cases 3 · all 2 declared cases completed"',
+        raises="RunClosed", says=("is complete", "ex-003"), written=False, codes=()),
+    "count": Hostile(
+        "a declared count of " + ", ".join(f"`{c!r}`" for c in COUNTS),
+        T + "test_a_declared_count_is_a_positive_whole_number", "accepted",
+        raises="DeclaredCount", says=("positive whole number",), written=False),
+    "after-completed": Hostile(
+        "an older build's log: a case after `run.completed`",
+        T + "test_a_case_after_run_completed_is_inconsistent_never_whole", "VERIFIED (IDENTICAL)",
+        exit=1, says=("3 cases received where run.started declares 2", "a case received after run.completed",
+                      "INCONSISTENT"), codes=("inconsistent", "diverged")),
+    "declared-edited": Hostile(
+        "`run.started.cases` rewritten to " + ", ".join(str(v) for v, _ in CONTRADICTIONS.values())
+        + " (fewer than received), re-chained",
+        T + "test_each_contradiction_of_the_declared_count_is_named", "—",
+        exit=1, says=tuple(says for _, says in CONTRADICTIONS.values()), codes=("inconsistent", "diverged")),
+    "two-completed": Hostile(
+        "two `run.completed` events, re-chained", T + "test_two_run_completed_events_are_inconsistent",
+        "—", exit=1, says=("2 run.completed events",), codes=("inconsistent", "diverged")),
+}
 
 
 def _answer(memory, case) -> None:
@@ -44,21 +76,26 @@ def test_no_case_enters_a_complete_namespace(tmp_path):
     with Memory.open(db, namespace="ward-7", cases=2) as memory:
         _answer(memory, CASES[0])
         _answer(memory, CASES[1])
-        with pytest.raises(RunClosed, match="is complete .*ex-003"):
+        with pytest.raises(RunClosed) as refused:
             memory.recall(CASES[2])
+    row = HOSTILE["complete"]
+    assert type(refused.value).__name__ == row.raises and row.said(str(refused.value)), refused.value
     with Memory.open(db, namespace="ward-7", cases=2) as memory:  # reopened: still closed
         with pytest.raises(RunClosed):
             memory.recall(CASES[2])
     out = _verify(db, "ward-7")
     assert out["code"] == 0 and out["identical"] and out["cases"] == 2 and out["declared_cases"] == 2, out
+    assert tuple(out["reason_codes"]) == row.codes, out
+    assert row.written is False and out["cases"] == 2  # nothing of the third case was written
 
 
-@pytest.mark.parametrize("cases", [0, -5, True, 2.5, "2"])
+@pytest.mark.parametrize("cases", COUNTS)
 def test_a_declared_count_is_a_positive_whole_number(tmp_path, cases):
-    db = tmp_path / "m.duckdb"
-    with pytest.raises(DeclaredCount, match="positive whole number"):
+    db, row = tmp_path / "m.duckdb", HOSTILE["count"]
+    with pytest.raises(DeclaredCount) as refused:
         Memory.open(db, namespace="w", cases=cases)
-    assert not db.exists() and not Path(f"{db}.keys").exists()  # bad input: nothing written
+    assert type(refused.value).__name__ == row.raises and row.said(str(refused.value)), refused.value
+    assert row.written is False and not db.exists() and not Path(f"{db}.keys").exists()  # bad input
 
 
 def _old_build_log(tmp_path, monkeypatch) -> Path:
@@ -96,29 +133,24 @@ def _set_declared(value):
 
 def test_a_case_after_run_completed_is_inconsistent_never_whole(tmp_path, monkeypatch):
     db = _old_build_log(tmp_path, monkeypatch)
-    out = _verify(db, "ward-7")
-    assert out["code"] == 1 and not out["ok"] and not out["identical"] and out["complete"] is False, out
-    assert "inconsistent" in out["reason_codes"], out
-    assert "3 cases received where run.started declares 2" in out["completeness"], out
-    assert "a case received after run.completed" in out["completeness"], out
+    out, row = _verify(db, "ward-7"), HOSTILE["after-completed"]
+    assert out["code"] == row.exit and not out["ok"] and not out["identical"] and out["complete"] is False, out
+    assert tuple(out["reason_codes"]) == row.codes, out
     human = CliRunner().invoke(main, ["verify", "--db", str(db), "ward-7"]).output
-    assert "INCONSISTENT" in human and "all 2 declared cases completed" not in human, human
+    assert row.said(out["completeness"] + " " + human), (out, human)
+    assert "all 2 declared cases completed" not in human, human
 
 
-@pytest.mark.parametrize("edit,says", [
-    (_set_declared(-5), "declares -5 cases, not a positive count"),
-    (_set_declared(0), "declares 0 cases, not a positive count"),
-    (_set_declared(1), "2 cases received where run.started declares 1"),
-], ids=["negative", "zero", "fewer-than-received"])
-def test_each_contradiction_of_the_declared_count_is_named(tmp_path, edit, says):
+@pytest.mark.parametrize("declared,says", CONTRADICTIONS.values(), ids=CONTRADICTIONS)
+def test_each_contradiction_of_the_declared_count_is_named(tmp_path, declared, says):
     db = tmp_path / "m.duckdb"
     with Memory.open(db, namespace="ward-7", cases=2) as memory:
         _answer(memory, CASES[0])
         _answer(memory, CASES[1])
-    edit(db)
-    out = _verify(db, "ward-7")
-    assert out["code"] == 1 and out["complete"] is False and "inconsistent" in out["reason_codes"], out
-    assert says in out["completeness"], out
+    _set_declared(declared)(db)
+    out, row = _verify(db, "ward-7"), HOSTILE["declared-edited"]
+    assert out["code"] == row.exit and out["complete"] is False and tuple(out["reason_codes"]) == row.codes, out
+    assert says in row.says and says in out["completeness"], out
     assert "all " not in out["completeness"], out
 
 
@@ -136,6 +168,6 @@ def test_two_run_completed_events_are_inconsistent(tmp_path):
         _rechain(con, "ward-7")
     finally:
         con.close()
-    out = _verify(db, "ward-7")
-    assert out["code"] == 1 and "2 run.completed events" in out["completeness"], out
-    assert "inconsistent" in out["reason_codes"], out
+    out, row = _verify(db, "ward-7"), HOSTILE["two-completed"]
+    assert out["code"] == row.exit and row.said(out["completeness"]), out
+    assert tuple(out["reason_codes"]) == row.codes, out

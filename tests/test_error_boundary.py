@@ -21,6 +21,44 @@ from cli_helpers import cli_json, example_cases
 from grandrounds.cli import main
 from grandrounds.errors import discard_on_bad_input, fail
 from grandrounds.store.dbfile import committed_cases
+from hostile_rows import Hostile
+
+T = "tests/test_error_boundary.py::"
+STAGES = ["retrieve", "act", "feedback", "reflect", "govern"]
+INJECTED = ["bad-input", "agent", "outage", "store", "bug"]
+HOSTILE = {  # the rows of docs/trust.md's hostile matrix these tests assert
+    "agent": Hostile(
+        "an agent that raises `ValueError` (a `json.JSONDecodeError`) at the 4th case of `run --commit case`",
+        T + "test_an_agent_raising_after_commits_keeps_every_committed_case",
+        "exit 2 \"bad input\", the new database deleted, its key file orphaned",
+        exit=1, says=("JSONDecodeError at case ex-004 (act stage", "3 committed case(s) kept",
+                      "run the same command again to resume"), kept=3, codes=("incomplete",)),
+    "resumed": Hostile("the same command again, the agent mended",
+                       T + "test_an_agent_raising_after_commits_keeps_every_committed_case", "—", exit=0, codes=()),
+    "matrix": Hostile(
+        "each error class (" + ", ".join(INJECTED) + ") raised at each stage (" + ", ".join(STAGES)
+        + ") of the 3rd case of `run --commit case`",
+        T + "test_each_error_at_each_stage_keeps_every_committed_case",
+        "exit 2 and the file deleted for a ValueError (bad input, an agent's JSONDecodeError)",
+        exit=1, says=("ex-003", "run the same command again"), kept=2, codes=("incomplete",)),
+    "before-writing": Hostile(
+        "bad input found before anything is written (`run --memory-from` a run that is not there)",
+        T + "test_bad_input_before_anything_is_written_still_exits_2_and_leaves_nothing", "the same",
+        exit=2, written=False),
+    "http": Hostile(
+        "over HTTP, a stage raising `KeyError` at the 2nd case's `feedback` (then the same request again)",
+        T + "test_over_http_a_stage_that_raises_is_a_500_naming_the_case_and_keeps_the_namespace",
+        "404 \"namespace is not open\" (422 for a ValidationError)",
+        status=500, says=("KeyError at case ex-002 (reflect stage",), codes=()),
+    "replay": Hostile(
+        "`replay` of a run, a stage raising `ValueError` at its 3rd case",
+        T + "test_replay_names_the_case_a_stage_raised_at_and_keeps_the_file", "exit 2 \"bad input\"",
+        exit=1, says=("ValueError at case", "(reflect stage"), codes=()),
+    "mcp": Hostile(
+        "over MCP, a stage raising `KeyError` in `feedback` (then the same call again)",
+        T + "test_over_mcp_a_stage_that_raises_is_a_tool_error_naming_the_case", "—",
+        raises="ToolError", says=("KeyError at case ex-001 (govern stage", "still open")),
+}
 
 AGENT = '''
 import json
@@ -50,18 +88,19 @@ def test_an_agent_raising_after_commits_keeps_every_committed_case(tmp_path, age
     db = tmp_path / "new.duckdb"
     res = CliRunner().invoke(main, ["run", str(cases), "--db", str(db), "--run-id", "r", "--commit", "case",
                                     "--agent", agent_module("bad_agent", 4)])
-    assert res.exit_code == 1, res.output
-    assert "JSONDecodeError at case ex-004 (act stage" in res.output, res.output
-    assert "3 committed case(s) kept" in res.output and "run the same command again to resume" in res.output
-    assert db.exists() and Path(f"{db}.keys").exists() and committed_cases(db) == 3
+    row = HOSTILE["agent"]
+    assert res.exit_code == row.exit and row.said(res.output), res.output
+    assert db.exists() and Path(f"{db}.keys").exists() and committed_cases(db) == row.kept
     code, out = cli_json("verify", "--db", db, "r")
-    assert out["chain_intact"] and out["completed_cases"] == 3 and out["reason"] == "incomplete", out
+    assert out["chain_intact"] and out["completed_cases"] == row.kept, out
+    assert tuple(out["reason_codes"]) == row.codes, out
     # the same command with a mended agent resumes where it stopped, and the run is whole
     res = CliRunner().invoke(main, ["run", str(cases), "--db", str(db), "--run-id", "r", "--commit", "case",
                                     "--agent", agent_module("bad_agent", 0), "--json"])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == HOSTILE["resumed"].exit, res.output
     code, out = cli_json("verify", "--db", db, "r")
     assert code == 0 and out["identical"] and out["completed_cases"] == 6, out
+    assert tuple(out["reason_codes"]) == HOSTILE["resumed"].codes, out
 
 
 def test_an_agent_raising_at_the_first_case_exits_1_and_keeps_the_file(tmp_path, agent_module):
@@ -76,8 +115,9 @@ def test_bad_input_before_anything_is_written_still_exits_2_and_leaves_nothing(t
     cases = example_cases(tmp_path, 3)
     db = tmp_path / "refused.duckdb"
     code, out = cli_json("run", cases, "--db", db, "--memory-from", "no-such-run")
-    assert code == 2, out
-    assert not db.exists() and not Path(f"{db}.keys").exists()
+    row = HOSTILE["before-writing"]
+    assert code == row.exit, out
+    assert row.written is False and not db.exists() and not Path(f"{db}.keys").exists()
 
 
 def test_no_exit_deletes_a_file_that_holds_a_committed_case(tmp_path):
@@ -133,14 +173,16 @@ def test_over_http_a_stage_that_raises_is_a_500_naming_the_case_and_keeps_the_na
             fb = client.post("/v1/namespaces/w/feedback", json={"case_id": case["case_id"], "outcome": gold},
                              headers=auth)
             if i == 1:
-                assert fb.status_code == 500, fb.text
-                assert f"KeyError at case {case['case_id']} (reflect stage" in fb.json()["error"], fb.text
+                row = HOSTILE["http"]
+                assert fb.status_code == row.status and row.said(fb.json()["error"]), fb.text
+                assert case["case_id"] == "ex-002"
                 broken["on"] = False  # the cause mended: the same feedback goes through
                 fb = client.post("/v1/namespaces/w/feedback", json={"case_id": case["case_id"], "outcome": gold},
                                  headers=auth)
             assert fb.status_code == 200, fb.text
         verified = client.post("/v1/namespaces/w/verify", headers=auth).json()
         assert verified["identical"] and verified["ok"] and verified["cases"] == 3, verified
+        assert tuple(verified["reason_codes"]) == HOSTILE["http"].codes, verified
 
 
 def test_replay_names_the_case_a_stage_raised_at_and_keeps_the_file(tmp_path, monkeypatch):
@@ -167,11 +209,11 @@ def test_replay_names_the_case_a_stage_raised_at_and_keeps_the_file(tmp_path, mo
     monkeypatch.setattr(pipeline, "stage_def", stage_def)
     res = CliRunner().invoke(main, ["replay", "--db", str(db), "--from", "r", "--permutations", "1",
                                     "--workers", "1"])
-    assert res.exit_code == 1, res.output
-    assert "ValueError at case" in res.output and "(reflect stage" in res.output, res.output
+    row = HOSTILE["replay"]
+    assert res.exit_code == row.exit and row.said(res.output), res.output
     monkeypatch.setattr(pipeline, "stage_def", real)
     code, out = cli_json("verify", "--db", db, "r")
-    assert code == 0 and out["identical"], out  # the run replayed from is untouched
+    assert code == 0 and out["identical"] and tuple(out["reason_codes"]) == row.codes, out  # untouched
 
 
 def test_over_mcp_a_stage_that_raises_is_a_tool_error_naming_the_case(tmp_path, monkeypatch):
@@ -203,12 +245,13 @@ def test_over_mcp_a_stage_that_raises_is_a_tool_error_naming_the_case(tmp_path, 
                 await server.call_tool("feedback", {"case_id": case["case_id"], "outcome": gold})
             broken["on"] = False
             await server.call_tool("feedback", {"case_id": case["case_id"], "outcome": gold})  # still open: goes
-            return str(failed.value)
+            return failed.value
         finally:
             await hub.aclose()
 
-    message = asyncio.run(drive())
-    assert f"KeyError at case {case['case_id']} (govern stage" in message and "still open" in message, message
+    failed, row = asyncio.run(drive()), HOSTILE["mcp"]
+    assert type(failed).__name__ == row.raises and row.said(str(failed)), repr(failed)
+    assert case["case_id"] == "ex-001"
 
 
 # --- the injection matrix: each error class at each stage of `grandrounds run` ------------------------------
@@ -231,11 +274,8 @@ def _injected():
     }
 
 
-INJECTED = ["bad-input", "agent", "outage", "store", "bug"]
-
-
 @pytest.mark.parametrize("kind", INJECTED)
-@pytest.mark.parametrize("stage", ["retrieve", "act", "feedback", "reflect", "govern"])
+@pytest.mark.parametrize("stage", STAGES)
 def test_each_error_at_each_stage_keeps_every_committed_case(tmp_path, monkeypatch, stage, kind):
     from grandrounds.handlers import pipeline
 
@@ -259,11 +299,13 @@ def test_each_error_at_each_stage_keeps_every_committed_case(tmp_path, monkeypat
     db = tmp_path / "m.duckdb"
     res = CliRunner().invoke(main, ["run", str(cases), "--db", str(db), "--run-id", "r", "--commit", "case"])
     monkeypatch.setattr(pipeline, "stage_def", real)
-    assert res.exit_code == 1, res.output  # after the first commit: never 'bad input'
-    assert "ex-003" in res.output and ("run the same command again" in res.output.lower()), res.output
-    assert db.exists() and Path(f"{db}.keys").exists() and committed_cases(db) == 2
+    row = HOSTILE["matrix"]
+    assert res.exit_code == row.exit, res.output  # after the first commit: never 'bad input'
+    assert row.said(res.output.lower()), res.output
+    assert db.exists() and Path(f"{db}.keys").exists() and committed_cases(db) == row.kept
     code, out = cli_json("verify", "--db", db, "r")
-    assert out["chain_intact"] and out["completed_cases"] == 2 and out["reason"] == "incomplete", out
+    assert out["chain_intact"] and out["completed_cases"] == row.kept, out
+    assert tuple(out["reason_codes"]) == row.codes, out
 
 
 def test_a_store_error_outside_any_case_exits_by_its_class(tmp_path, monkeypatch):

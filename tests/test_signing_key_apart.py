@@ -15,8 +15,25 @@ import pytest
 
 from cli_helpers import cli_json, example_cases
 from grandrounds.store.signing import SigningKeyError, check_key_apart, load_key
+from hostile_rows import Hostile
 
 KEY = b"s" * 32
+T = "tests/test_signing_key_apart.py::"
+BESIDE = "the database, its key file, a file in its folder, or a symlink elsewhere to one"
+HOSTILE = {  # the rows of docs/trust.md's hostile matrix these tests assert
+    "sign": Hostile(f"`sign --key-file` {BESIDE}", T + "test_sign_and_verify_refuse_a_key_kept_with_the_database[sign]",
+                    "signed, and the head verified as valid to anyone holding the folder",
+                    exit=2, says=("keep the signing key in",), written=False),
+    "verify": Hostile(f"`verify --key-file` {BESIDE}",
+                      T + "test_sign_and_verify_refuse_a_key_kept_with_the_database[verify]",
+                      "accepted: a head forged with it verified as valid", exit=2, says=("keep the signing key in",)),
+    "run": Hostile("`run --key-file` a file in the new database's folder", T + "test_run_refuses_before_it_writes",
+                   "accepted", exit=2, says=("database's folder",), written=False),
+    "replay": Hostile("`replay --key-file` a file in the database's folder", T + "test_replay_refuses_too",
+                      "accepted", exit=2, says=("keep the signing key in",)),
+    "worker": Hostile("`worker --key-file` a file in the database's folder", T + "test_the_worker_refuses_too",
+                      "accepted", exit=2, says=("keep the signing key in",), written=False),
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +68,12 @@ def _beside(db: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("command", ["sign", "verify"])
 def test_sign_and_verify_refuse_a_key_kept_with_the_database(run_db, command):
+    row = HOSTILE[command]
     for what, key in _beside(run_db).items():
         before = run_db.read_bytes()
         code, out = cli_json(command, "--db", run_db, "r", "--key-file", key)
-        assert code == 2, (what, out)
-        assert "keep the signing key in" in out["error"] and str(key) in out["error"], (what, out)
+        assert code == row.exit, (what, out)
+        assert row.said(out["error"]) and str(key) in out["error"], (what, out)
         assert run_db.read_bytes() == before, what  # nothing signed
 
 
@@ -73,14 +91,27 @@ def test_run_refuses_before_it_writes(tmp_path):
     key.write_bytes(KEY)
     db = data / "new.duckdb"
     code, out = cli_json("run", example_cases(tmp_path, 2), "--db", db, "--key-file", key)
-    assert code == 2 and "database's folder" in out["error"], out
-    assert not db.exists() and not Path(f"{db}.keys").exists()  # bad input: nothing written
+    row = HOSTILE["run"]
+    assert code == row.exit and row.said(out["error"]), out
+    assert row.written is False and not db.exists() and not Path(f"{db}.keys").exists()  # bad input
 
 
 def test_replay_refuses_too(run_db):
     key = _beside(run_db)["a file beside it"]
     code, out = cli_json("replay", "--db", run_db, "--from", "r", "--permutations", "1", "--key-file", key)
-    assert code == 2 and "keep the signing key in" in out["error"], out
+    assert code == HOSTILE["replay"].exit and HOSTILE["replay"].said(out["error"]), out
+
+
+def test_the_worker_refuses_too(tmp_path):
+    """Refused before it joins a group: no broker is reached (none listens on port 9), no database created."""
+    data = tmp_path / "data"
+    data.mkdir()
+    key = data / "signing.key"
+    key.write_bytes(KEY)
+    db, row = data / "w.duckdb", HOSTILE["worker"]
+    code, out = cli_json("worker", "--broker", "kafka://127.0.0.1:9", "--db", db, "--key-file", key)
+    assert code == row.exit and row.said(out["error"]), out
+    assert row.written is False and not db.exists()
 
 
 def test_the_check_itself(tmp_path):

@@ -372,3 +372,19 @@ def test_an_edited_matrix_code_is_caught(tmp_path):
     page.write_text(text.replace(row, "| edit a payload | `chain_broken` |"))
     assert mod.main(["--check"], page=page) == 1
     assert mod.main([], page=page) == 0 and mod.main(["--check"], page=page) == 0
+
+
+def test_an_edited_hostile_row_is_caught(tmp_path):
+    """Issue 43's rows are the tests' HOSTILE rows: a result typed over on the page is a difference."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tamper_matrix", ROOT / "scripts" / "tamper_matrix.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    page = tmp_path / "trust.md"
+    text = (ROOT / "docs" / "trust.md").read_text()
+    said = '| exit 2; saying "ward-7, ward-8", "--run"; nothing written; verify: verified |'
+    assert said in text
+    page.write_text(text.replace(said, "| exit 0; both erased |"))
+    assert mod.main(["--check"], page=page) == 1
+    assert mod.main([], page=page) == 0 and said in page.read_text()
