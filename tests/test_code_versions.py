@@ -107,3 +107,19 @@ def test_a_log_of_the_float_arithmetic_keeps_its_chain_and_is_named_not_re_execu
         result = verify_run(store, events[0].run_id, EmbeddingCache(shared_minilm(), store.conn))
     assert result.chain_intact and not result.identical
     assert "retrieve: recorded by version 1, this build is 2" in " ".join(result.reasons)
+
+
+LEGACY_SELSM = Path(__file__).resolve().parent / "golden" / "legacy" / "selsm-state-view-1.jsonl"
+
+
+def test_a_selsm_log_from_before_the_state_view_re_executes_identically():
+    """SELSM policy version 1 (before issue 44) embedded states whole; its run.started holds no
+    `state_view`, so it re-executes with the whole text (recorded_defaults) to the same bytes."""
+    events = load_jsonl(LEGACY_SELSM)
+    started = events[0].payload
+    assert started["code"]["policy"] == 1 and "state_view" not in started["policy"]
+    with EventStore(":memory:") as store:
+        store.import_events(events)
+        result = verify_run(store, events[0].run_id, EmbeddingCache(shared_minilm(), store.conn))
+    assert result.identical and result.ok
+    assert "policy: recorded by version 1, this build is 2" in result.code_versions["differences"]

@@ -383,3 +383,68 @@ def test_a_frozen_test_run_reads_the_train_records_and_writes_no_skill_events(tm
     assert frozen["accuracy"] > none["accuracy"] + 0.3  # sim backbone: a mechanism check
     res = CliRunner().invoke(main, ["verify", "--db", db, "test", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["identical"]
+
+
+# --- states within the embedder's window (issue 44, part 1) ---------------------------------------
+
+def _fhir_bundle(code: str, values: list[float]) -> str:
+    """A MedAgentBench-like GET response: ~100 wordpieces an entry, so one response fills MiniLM's window."""
+    entries = [{"fullUrl": f"http://localhost:8080/fhir/Observation/{100 + i}", "resource": {
+        "resourceType": "Observation", "id": str(100 + i), "status": "final",
+        "code": {"coding": [{"system": "http://loinc.org", "code": code}], "text": code},
+        "subject": {"reference": "Patient/S1234567"}, "effectiveDateTime": f"2023-11-1{i}T10:00:00+00:00",
+        "valueQuantity": {"value": v, "unit": "mg/dL"}}, "search": {"mode": "match"}} for i, v in enumerate(values)]
+    return "Here is the response from the GET request:\n" + json.dumps(
+        {"resourceType": "Bundle", "type": "searchset", "total": len(entries), "entry": entries}, indent=2)
+
+
+def test_two_states_that_differ_only_after_the_first_fhir_response_retrieve_their_own_skill():
+    """After one FHIR response a state is far past MiniLM's 256 wordpieces. Embedded whole, two workflows
+    that share the query and the first call but differ in what they did next embedded as one vector, and
+    the tie-break returned the later round's skill for both; within the window each state finds its own."""
+    from grandrounds.handlers.agent.step_memory import agent_state
+    from grandrounds.handlers.policies.selsm.state_view import WHOLE, WINDOWED, embedded_state
+    from grandrounds.store import wordpieces
+    from grandrounds.store.embeddings import shared_minilm
+
+    query = "Check patient S1234567's last serum magnesium and, if it is low, order IV replacement."
+    get = ("GET http://localhost:8080/fhir/Observation?patient=S1234567&code=MG", _fhir_bundle("MG", [1.2, 1.3, 1.1, 1.4, 1.2]))
+    order = [get, ('POST http://localhost:8080/fhir/MedicationRequest {"medicationCodeableConcept": '
+                   '{"text": "magnesium sulfate IV"}, "dosageInstruction": [{"route": "IV"}]}', "POST request accepted")]
+    answer = [get, ("FINISH([1.2])", "the task is finished")]
+    states = {"order": agent_state(query, order), "answer": agent_state(query, answer)}
+    assert all(wordpieces.count(s) > 2 * wordpieces.window() for s in states.values())
+
+    model = shared_minilm()
+
+    def memory(view: int) -> SelsmPart:
+        mem = SelsmPart(model.dim)
+        mem.state_view = view
+        embed = model.embed_one
+        mem.apply(1, _record("rec-order", "c-order", query, [(states["order"], 3, "ORDER")]), embed)
+        mem.apply(2, _record("rec-answer", "c-answer", query, [(states["answer"], 4, "ANSWER")]), embed)
+        return mem
+
+    for view, expect in ((WINDOWED, {"order": "example ORDER", "answer": "example ANSWER"}),
+                         (WHOLE, {"order": "example ANSWER", "answer": "example ANSWER"})):  # before: one vector
+        mem = memory(view)
+        for name, state in states.items():
+            text = embedded_state(state, view)
+            assert view == WHOLE or wordpieces.count(text) <= wordpieces.text_budget(), text
+            hits = two_stage(mem, model.embed_one(query), model.embed_one(text), "new", top_q=5, theta=0.9, top_m=1)
+            assert [h.transition.skill.example for h in hits] == [expect[name]], (view, name, hits)
+
+
+def test_the_window_is_counted_as_the_embedder_counts_it():
+    """store/wordpieces.py's pieces are the model's own: its tokenizer gives the same count (+ [CLS] and
+    [SEP]), and it cuts at the same window."""
+    from grandrounds.store import wordpieces
+    from grandrounds.store.embeddings import shared_minilm
+
+    model = shared_minilm()._load()
+    assert wordpieces.window() == model.max_seq_length == 256
+    for text in ("Here is the response from the GET request:", _fhir_bundle("K", [3.9, 4.1]),
+                 "Émile's INR 2.5 → hold warfarin; naïve café"):
+        assert len(model.tokenizer(text, truncation=False)["input_ids"]) == wordpieces.count(text) + wordpieces.SPECIAL
+    long = _fhir_bundle("K", [3.9, 4.1, 4.4])
+    assert wordpieces.count(wordpieces.cut(long, 100)) <= 101  # the "…" it appends is one piece

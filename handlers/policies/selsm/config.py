@@ -31,13 +31,22 @@ class SelsmPolicy(PolicyBase):
     """Keep the Generalized Logic (and Error Avoidance) part of skills (false: scenario and example only)."""
     reasoning_trace: bool = True
     """Show the agent's reasoning to the step judge (false: actions and observations only)."""
+    state_view: int = Field(2, ge=1, le=2)
+    """What of a state is embedded (state_view.py): 2, a slice that fits the embedder's window (the query's
+    head, the latest steps, observations abbreviated); 1, the whole text, which all-MiniLM-L6-v2 cut at 256
+    wordpieces so states past the first FHIR response embedded alike (runs recorded before issue 44). The
+    paper embeds s_t whole, with an embedder that reads it whole: this is the departure our window needs."""
     transition_pool: int = Field(64, ge=1)
     """Without two-stage retrieval: nearest transitions by state cosine scored before θ and the
     (score, round) ranking. Not in the paper (which ranks all); exact below the index's exact limit."""
 
+    recorded_defaults: ClassVar[dict[str, Any]] = {"state_view": 1}
+    code_version: ClassVar[int] = 2
+    """2: states embedded through `state_view` (issue 44); 1 before."""
     ablations: ClassVar[dict[str, dict[str, Any]]] = {
         "no-writing": {"writing": False},
         "no-operational-logic": {"operational_logic": False},
         "no-reasoning-trace": {"reasoning_trace": False},
         "no-two-stage": {"two_stage": False},
+        "whole-state": {"state_view": 1},
     }

@@ -14,9 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from grandrounds.store.event_types import RunStarted
 from grandrounds.store.events import EventPayload
 from grandrounds.store.policy_memory import Embed, register_part
 from grandrounds.handlers.policies.selsm.events import RecordStored, SkillRejected, StoredTransition, TrajectoryJudged, render_skill
+from grandrounds.handlers.policies.selsm.state_view import WHOLE, embedded_state
 from grandrounds.store.vector_index import VectorIndex
 
 
@@ -48,13 +50,18 @@ class SelsmMemory:
     correction_axioms: int = 0
     rejected: int = 0
     judged: int = 0
+    state_view: int = WHOLE
+    """How states are embedded (state_view.py): the run's `SelsmPolicy.state_view`, read from its
+    `run.started` (absent there: a run recorded before the field, which embedded them whole)."""
 
     def __post_init__(self) -> None:
         self.record_index = VectorIndex(self.dim, exact_limit=self.exact_limit)
         self.state_index = VectorIndex(self.dim, exact_limit=self.exact_limit)
 
     def apply(self, seq: int, payload: EventPayload, embed: Embed) -> None:
-        if isinstance(payload, RecordStored):
+        if isinstance(payload, RunStarted):
+            self.state_view = int(payload.policy.get("state_view", WHOLE))
+        elif isinstance(payload, RecordStored):
             self._store(seq, payload, embed)
         elif isinstance(payload, SkillRejected):
             self.rejected += 1
@@ -67,7 +74,7 @@ class SelsmMemory:
         states = np.zeros((n, self.dim), dtype=np.float32)
         skills = np.zeros((n, self.dim), dtype=np.float32)
         for j, t in enumerate(rec.transitions):
-            states[j] = embed(t.state)
+            states[j] = embed(embedded_state(t.state, self.state_view))
             skills[j] = embed(render_skill(t.skill))
             if t.skill.label == "+":
                 self.success_paradigms += 1

@@ -20,6 +20,7 @@ from grandrounds.handlers.policies.render import render_items
 from grandrounds.handlers.policies.selsm.config import SelsmPolicy
 from grandrounds.handlers.policies.selsm.entity_check import check_skill
 from grandrounds.handlers.policies.selsm.judge import decisions_of, judge_task, judged_steps
+from grandrounds.handlers.policies.selsm.state_view import embedded_state
 from grandrounds.handlers.policies.selsm.retrieval import TransitionHit, candidate_records, state_only, two_stage
 from grandrounds.handlers.randomness import case_rng
 from grandrounds.handlers.tools import ToolBox
@@ -64,7 +65,8 @@ def skill_lookup(ctx, cfg: SelsmPolicy, view: CaseView, stage1: dict | None = No
     def lookup(state: str) -> list[MemoryItem]:
         if not part.records or cfg.top_m_skills == 0:
             return []
-        state_vec = proj.embed(ctx.retrieval_text(state, view.case_id))
+        # Within the embedder's window, as memory.py embeds the stored states (state_view.py).
+        state_vec = proj.embed(embedded_state(ctx.retrieval_text(state, view.case_id), cfg.state_view))
         if cfg.two_stage:
             key = (view.case_id, len(part.records))
             if stage1.get("key") != key:
