@@ -37,6 +37,9 @@ async def act(ctx: RunContext, view: CaseView | FhirCaseView, memory: MemoryRetr
     step_memory = ctx.mechanism.step_memory(ctx, view, memory)
     if step_memory is not None:  # per-step retrieval (SELSM): only passed when the policy has it
         extra["step_memory"] = step_memory
+    retrospection = ctx.mechanism.retrospection(ctx, view, memory)
+    if retrospection is not None and getattr(ctx.backbone, "summarises", False):  # RetroSum, model agent loops
+        extra["retrospection"] = retrospection
     try:
         answer = await ctx.backbone.act(view, memory, toolbox, rng, **extra)
     except CaseFailure as exc:
@@ -59,6 +62,9 @@ async def act_fhir(ctx: RunContext, view: FhirCaseView, memory: MemoryRetrieved,
     step_memory = ctx.mechanism.step_memory(ctx, view, memory)
     if step_memory is not None:  # per-step retrieval (SELSM), as for MCQ cases
         extra["step_memory"] = step_memory
+    retrospection = ctx.mechanism.retrospection(ctx, view, memory)
+    if retrospection is not None and getattr(ctx.backbone, "summarises", False):  # RetroSum, model agent loops
+        extra["retrospection"] = retrospection
     env = ctx.environment
     try:
         answer = await act_on(view, memory, tools, **extra)

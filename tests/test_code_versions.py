@@ -123,3 +123,19 @@ def test_a_selsm_log_from_before_the_state_view_re_executes_identically():
         result = verify_run(store, events[0].run_id, EmbeddingCache(shared_minilm(), store.conn))
     assert result.identical and result.ok
     assert "policy: recorded by version 1, this build is 2" in result.code_versions["differences"]
+
+
+LEGACY_RETROSUM = Path(__file__).resolve().parent / "golden" / "legacy" / "retrosum-retrospection-1.jsonl"
+
+
+def test_a_retrosum_log_from_before_its_own_retrospection_re_executes_identically():
+    """RetroSum policy version 1 (before issue 44) left summaries to the agent loop's --summary-every;
+    its run.started holds no `summary_every`, so it re-executes that way (recorded_defaults)."""
+    events = load_jsonl(LEGACY_RETROSUM)
+    started = events[0].payload
+    assert started["code"]["policy"] == 1 and "summary_every" not in started["policy"]
+    with EventStore(":memory:") as store:
+        store.import_events(events)
+        result = verify_run(store, events[0].run_id, EmbeddingCache(shared_minilm(), store.conn))
+    assert result.identical and result.ok
+    assert "policy: recorded by version 1, this build is 2" in result.code_versions["differences"]

@@ -316,7 +316,8 @@ def test_offline_mode_trains_then_answers_from_a_frozen_bank(example_db, tmp_pat
 
 # --- the openai loop against the fake server ------------------------------------------------
 
-# Four broken turns keep the agent going; summaries after steps 2 and 4; step 5 answers.
+# Four broken turns keep the agent going; step 5 answers. The policy's w = 3 (not the loop's summary_every)
+# gives a summary after step 3 and one when the episode ends.
 BROKEN = [("act", "bad_json_tool"), ("act", "unknown_tool"), ("act", "no_action"), ("act", "no_action")]
 LOOP = {"max_steps": 5, "summary_every": 2}
 

@@ -22,6 +22,7 @@ from grandrounds.handlers.agent.actions import FHIR_SCHEMA_NAME, fhir_action_sch
 from grandrounds.handlers.agent.guard import FINAL_NOTICE, HistoryTurn, render
 from grandrounds.handlers.agent.protocol import _TAG, Turn
 from grandrounds.handlers.agent.react import AgentConfig, tool_step
+from grandrounds.handlers.agent.retrosum import NO_RETROSPECTION, Retrospection, Retrospector
 from grandrounds.handlers.cases import FhirCaseView
 from grandrounds.handlers.environments.medagentbench import NOW, TASK8_COMMENT, FhirTools, calculate_age, finish_payload
 from grandrounds.handlers.llm.errors import CaseFailure, LLMUnavailable
@@ -106,10 +107,12 @@ def parse_fhir_turn(text: str, tools: list[str], tools_allowed: bool = True) -> 
 
 async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirTools, recorder: Recorder,
                          cfg: AgentConfig = AgentConfig(), memory_prefix: str = "",
-                         step_memory: StepMemory | None = None) -> AnswerGiven:
+                         step_memory: StepMemory | None = None, retrospection: Retrospection | None = None,
+                         lessons: list[str] | None = None) -> AnswerGiven:
     """`step_memory`: per-step retrieval (SELSM), called before every decision with the trajectory
     state, as the MCQ loop does; its items are shown under "## Guidance for this step" and recorded
-    as a `memory` step (their ids)."""
+    as a `memory` step (their ids). `retrospection`: RetroSum's retrospective summaries, as in the MCQ
+    loop (None: none, as in every FHIR run before issue 44; `--summary-every` is the MCQ loop's); `lessons`: the summariser lessons retrieved for the task."""
     schema = cfg.actions == "schema"
     system = (FHIR_SCHEMA_SYSTEM if schema else FHIR_SYSTEM).format(max_steps=cfg.max_steps,
                                                                    functions=functions_block(tools))
@@ -119,11 +122,13 @@ async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirToo
     history: list[HistoryTurn] = []
     transitions: list[tuple[str, str]] = []
     steps: list[AgentStep] = []
+    retro = Retrospector(gateway, view, recorder, retrospection or NO_RETROSPECTION, lessons)
     for step in range(1, cfg.max_steps + 1):
         final = step == cfg.max_steps
         shown = recall_step(step_memory, view.question, transitions, steps)  # SELSM: before every decision
         messages = [{**m, "content": m["content"].replace(FINAL_NOTICE, notice)}
-                    for m in render(system, task + shown, history, step, final, cfg.guard)]
+                    for m in render(system, task + shown, retro.actor_history(history), step, final, cfg.guard,
+                                    retro.summary, retro.header)]
         allowed = [] if final else tools.names
         params = ({"response_format": response_format(fhir_action_schema(parameters, allowed), FHIR_SCHEMA_NAME)}
                   if schema else None)
@@ -140,7 +145,8 @@ async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirToo
         if turn.kind == "response":
             tools.finish(turn.answer)
             steps.append(AgentStep(kind="response", content=turn.answer))
-            return AnswerGiven(answer=turn.answer, source="llm:schema" if schema else "llm", steps=steps)
+            return await retro.closed(history, reply.text, AnswerGiven(
+                answer=turn.answer, source="llm:schema" if schema else "llm", steps=steps))
         if turn.kind == "tool":
             observation = await tools.call(turn.tool, turn.arguments)
             steps.append(tool_step(turn))
@@ -151,6 +157,7 @@ async def run_fhir_agent(gateway: LLMGateway, view: FhirCaseView, tools: FhirToo
             transitions.append(("invalid action", observation))
         steps.append(AgentStep(kind="observation", content=observation))
         history.append(HistoryTurn(reply.text, observation, turn.signature, finding))
+        await retro.after_step(step, final, history, steps)
     raise CaseFailure(f"no FINISH after {cfg.max_steps} steps", steps, "turn_limit")
 
 

@@ -55,12 +55,14 @@ SUMMARY_HEADER = "## Retrospective summary (written after step {step}; the raw h
 
 
 def render(system: str, task: str, history: list[HistoryTurn], step: int, final: bool,
-           cfg: GuardConfig = GuardConfig(), summary: tuple[int, str] | None = None) -> list[dict[str, str]]:
+           cfg: GuardConfig = GuardConfig(), summary: tuple[int, str] | None = None,
+           summary_header: str | None = None) -> list[dict[str, str]]:
     """Messages for `step` (1-based): system, task (with memory), then the turns, then the latest
-    RetroSum summary (`(written after step, text)`) if any, then notices."""
+    RetroSum summary (`(written after step, text)`) if any, then notices. `summary_header`: the
+    summary's heading when `history` is not the whole history (RetroSum's `summariser` context)."""
     notices: list[str] = []
     if summary is not None:
-        notices.append(SUMMARY_HEADER.format(step=summary[0]) + "\n" + summary[1])
+        notices.append((summary_header or SUMMARY_HEADER).format(step=summary[0]) + "\n" + summary[1])
     full = estimate_tokens(system) + estimate_tokens(task) + sum(
         estimate_tokens(t.output) + estimate_tokens(t.observation) for t in history) + sum(
         estimate_tokens(n) for n in notices)

@@ -9,8 +9,8 @@ concludes with, never a guess. If even that fails, the case is answered with `NO
 `none`): graded wrong, and memory still learns from it. `CaseFailure` is left for outages.
 With `actions="schema"` every turn is decoded against a JSON schema of its legal moves.
 The recorded trajectory (`AgentStep`s) is complete: trimming is only in the prompt.
-Every `summary_every` steps RetroSum (`retrosum.py`) writes a summary of the whole raw
-history; the actor's later prompts show it after the raw turns.
+Every w steps RetroSum (`retrosum.py`: the policy's retrospection, else `summary_every`) writes a
+retrospective summary; the actor's later prompts show it after the raw turns.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from grandrounds.handlers.agent.guard import FINAL_NOTICE, GuardConfig, HistoryTurn, render
 from grandrounds.handlers.agent.actions import SchemaTurn, mcq_action_schema, parse_schema_turn, response_format
 from grandrounds.handlers.agent.protocol import Turn, fallback_alignment, parse_turn
-from grandrounds.handlers.agent.retrosum import due, summarise
+from grandrounds.handlers.agent.retrosum import Retrospection, Retrospector, legacy
 from grandrounds.handlers.cases import CaseView
 from grandrounds.handlers.llm.errors import CaseFailure, LLMUnavailable
 from grandrounds.handlers.llm.gateway import LLMGateway
@@ -86,7 +86,10 @@ def tool_step(turn: Turn) -> AgentStep:
 
 async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetrieved, toolbox: ToolBox,
                         recorder: Recorder, cfg: AgentConfig = AgentConfig(),
-                        step_memory: StepMemory | None = None) -> AnswerGiven:
+                        step_memory: StepMemory | None = None,
+                        retrospection: Retrospection | None = None) -> AnswerGiven:
+    """`retrospection`: the policy's own retrospective summaries (RetroSum); None: the loop's
+    `summary_every` (`retrosum.legacy`)."""
     schema = cfg.actions == "schema"
     system = (SCHEMA_SYSTEM if schema else SYSTEM).format(
         max_steps=cfg.max_steps, tools=tools_line(toolbox, memory, schema),
@@ -99,11 +102,12 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
     transitions: list[tuple[str, str]] = []
     steps: list[AgentStep] = []
     outputs: list[tuple[str, str | None]] = []
-    summary: tuple[int, str] | None = None
+    retro = Retrospector(gateway, view, recorder, retrospection or legacy(cfg.summary_every), lessons)
     for step in range(1, cfg.max_steps + 1):
         final = step == cfg.max_steps
         shown = recall_step(step_memory, view.question, transitions, steps)  # SELSM: before every decision
-        messages = render(system, task + shown, history, step, final, cfg.guard, summary)
+        messages = render(system, task + shown, retro.actor_history(history), step, final, cfg.guard, retro.summary,
+                          retro.header)
         if schema and final:
             messages[-1] = {**messages[-1], "content": messages[-1]["content"].replace(FINAL_NOTICE, SCHEMA_FINAL_NOTICE)}
         allowed = [] if final else toolbox.names
@@ -116,14 +120,17 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
                 else parse_turn(reply.text, view.options, toolbox.names, tools_allowed=not final))
         steps.append(AgentStep(kind="reasoning", content=turn.reasoning or reply.text))
         if turn.kind == "response":
-            return _answer(turn.answer, ANSWER_SOURCE[turn.alignment], steps, outputs, labels)
+            return await retro.closed(history, reply.text,
+                                      _answer(turn.answer, ANSWER_SOURCE[turn.alignment], steps, outputs, labels))
         if final:
             letter, rule = fallback_alignment(reply.text, view.options)
             if letter is not None:
                 steps.append(AgentStep(kind="observation", content=f"final step: answer read from the reply's {rule}"))
-                return _answer(letter, f"llm:fallback:{rule}", steps, outputs, labels)
+                return await retro.closed(history, reply.text,
+                                          _answer(letter, f"llm:fallback:{rule}", steps, outputs, labels))
             steps.append(AgentStep(kind="observation", content=turn.error or "no answer"))
-            return _no_answer(f"no valid answer after {cfg.max_steps} steps", steps, outputs, labels)
+            return await retro.closed(history, reply.text, _no_answer(f"no valid answer after {cfg.max_steps} steps",
+                                                                       steps, outputs, labels))
         if turn.kind == "tool":
             out = toolbox.call(turn.tool)
             observation = f"{turn.tool} -> {out if out else 'no result'}"
@@ -136,13 +143,7 @@ async def run_mcq_agent(gateway: LLMGateway, view: CaseView, memory: MemoryRetri
             transitions.append(("invalid action", observation))
         steps.append(AgentStep(kind="observation", content=observation))
         history.append(HistoryTurn(reply.text, observation, turn.signature, finding))
-        if due(step, cfg.summary_every, final):
-            try:
-                written = await summarise(gateway, view, history, recorder, lessons)
-            except LLMUnavailable as exc:
-                raise CaseFailure(f"model unavailable for the summary after step {step}: {exc}", steps) from None
-            summary = (step, written.text.strip())
-            steps.append(AgentStep(kind="summary", content=summary[1]))
+        await retro.after_step(step, final, history, steps)
     return _no_answer(f"no valid answer after {cfg.max_steps} steps", steps, outputs, labels)  # max_steps < 1
 
 

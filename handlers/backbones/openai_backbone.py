@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from grandrounds.handlers.agent.protocol import stated_answer
 from grandrounds.handlers.agent.react import AgentConfig, run_mcq_agent
+from grandrounds.handlers.agent.step_memory import SUMMARISER
 from grandrounds.handlers.backbones.base import CaseFailure
 from grandrounds.handlers.cases import Case, CaseView, FhirCase, FhirCaseView
 from grandrounds.handlers.llm.errors import LLMUnavailable, StructuredOutputError
@@ -96,6 +97,8 @@ def fhir_reflection_prompt(case: FhirCase, memory: MemoryRetrieved, answer: Answ
 class OpenAIBackbone:
     name = "openai"
     records_exchanges = True
+    summarises = True
+    """Its agent loops write RetroSum's retrospective summaries (`act(..., retrospection=)`)."""
 
     def __init__(self, gateway: LLMGateway, note: str, agent: AgentConfig = AgentConfig(),
                  structured_mode: Mode = "auto"):
@@ -106,20 +109,24 @@ class OpenAIBackbone:
         self.structured_mode = structured_mode
 
     async def act(self, view: CaseView, memory: MemoryRetrieved, toolbox: ToolBox, rng: np.random.Generator,
-                  recorder: Recorder | None = None, step_memory=None) -> AnswerGiven:
+                  recorder: Recorder | None = None, step_memory=None, retrospection=None) -> AnswerGiven:
+        """`retrospection`: the policy's retrospective summaries (RetroSum), else the agent's `summary_every`."""
         if recorder is None:
             raise ValueError("the openai backbone records every exchange: the stage must pass a recorder")
         try:
-            return await run_mcq_agent(self.gateway, view, memory, toolbox, recorder, self.agent, step_memory)
+            return await run_mcq_agent(self.gateway, view, memory, toolbox, recorder, self.agent, step_memory,
+                                       retrospection)
         except LLMUnavailable as exc:
             raise CaseFailure(f"model unavailable: {exc}") from None
 
     async def act_fhir(self, view: FhirCaseView, memory: MemoryRetrieved, tools,
-                       recorder: Recorder | None = None, step_memory=None) -> AnswerGiven:
+                       recorder: Recorder | None = None, step_memory=None, retrospection=None) -> AnswerGiven:
         """A FHIR task through the environment's tools (`FhirTools`), with the run's memory before the
         task. The environment names the protocol: `official` (MedAgentBench's own text protocol and
         prompt, memory in the same user message, per-step guidance appended to the message each round is
-        sent with) or `react` (the SkeMex-style loop); both show per-step guidance when the policy has it."""
+        sent with) or `react` (the SkeMex-style loop); both show per-step guidance when the policy has it.
+        RetroSum's retrospective summaries (`retrospection`) run in the `react` loop only: the official
+        protocol is MedAgentBench's conversation, which grading reads, and has no place for them."""
         from grandrounds.handlers.agent.fhir_react import fhir_memory_block, run_fhir_agent
 
         if recorder is None:
@@ -127,8 +134,10 @@ class OpenAIBackbone:
         if getattr(tools, "protocol", "react") == "official":
             return await act_fhir_official(self.gateway, view, tools, recorder, fhir_memory_block(memory.prefix),
                                            step_memory)
+        lessons = [i.text for i in memory.items if i.detail.get("audience") == SUMMARISER]  # RetroSum experience
         return await run_fhir_agent(self.gateway, view, tools, recorder, self.agent,
-                                    memory_prefix=fhir_memory_block(memory.prefix), step_memory=step_memory)
+                                    memory_prefix=fhir_memory_block(memory.prefix), step_memory=step_memory,
+                                    retrospection=retrospection, lessons=lessons)
 
     async def act_osce(self, view, memory: MemoryRetrieved, tools, recorder: Recorder | None = None,
                        patient_recorder: Recorder | None = None, step_memory=None) -> AnswerGiven:

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 # The agent loops' side of per-step memory lives with them (handlers/agent/step_memory.py, below the
 # policies); re-exported here, where the policies have always found it.
 from grandrounds.handlers.agent.step_memory import SUMMARISER, StepMemory, agent_state  # noqa: F401
+from grandrounds.handlers.agent.retrosum import Retrospection
 from grandrounds.handlers.llm.errors import CaseFailure
 from grandrounds.handlers.llm.recorder import records_exchanges, stage_recorder
 from grandrounds.handlers.policies.render import render_prefix
@@ -81,6 +82,11 @@ class MemoryPolicy:
 
     def step_memory(self, ctx: "RunContext", view: "CaseView", memory: MemoryRetrieved) -> StepMemory | None:
         """Stage 2: per-step retrieval for the agent loop, or None (everything was in `memory`)."""
+        return None
+
+    def retrospection(self, ctx: "RunContext", view: "CaseView", memory: MemoryRetrieved) -> Retrospection | None:
+        """Stage 2: the policy's own retrospective summaries for a model agent loop (RetroSum), or None
+        (the loop's `--summary-every`)."""
         return None
 
     def outcomes(self, ctx: "RunContext", case: "Case", memory: MemoryRetrieved, answer: AnswerGiven,

@@ -1,16 +1,15 @@
-"""RetroSum's experience bank: parameters (seed 002; DESIGN §6).
+"""RetroSum: parameters (seed 002; DESIGN §6).
 
-The retrospective summariser itself is part of the agent loop (handlers/agent/retrosum.py):
-its window w = 10 is the agent's `summary_every` (`grandrounds run --summary-every`), not a
-policy field, because it applies to every policy run with a model backbone. What this
-config holds is the experience bank: what is learnt after each case and how it is retrieved.
-Where the paper is silent we use the published code's value (BlueZeros/AgentEHR,
-`MCPRetroSumAgent` / `RetroSumEvolving`), and say so per field.
+Two parts: the retrospective summaries the agent loops write (handlers/agent/retrosum.py drives
+them; this config says how often, who looks back and whether the episode ends with one), and the
+experience bank: what is learnt after each case and how it is retrieved. Where the paper is silent
+we use the published code's value (BlueZeros/AgentEHR, `MCPRetroSumAgent` / `RetroSumEvolving`),
+and say so per field.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import Field
 
@@ -21,6 +20,23 @@ class RetroSumPolicy(PolicyBase):
     """RetroSum (AgentEHR): an experience bank of actor and summariser lessons keyed by patient context."""
 
     name: Literal["retrosum"] = "retrosum"
+    summary_every: Optional[int] = Field(3, ge=0)
+    """w: a retrospective summary after every w-th agent step but the last (MCQ loop and the FHIR react
+    loop; 0: none during the episode). The paper's w = 10 (published `sum_per_step` 10) is set against
+    a 100-step budget in which its episodes run 20-40 turns, so a case gets two or three summaries; our
+    loops stop after 7 steps (`--max-steps`), where w = 10 never fired (issue 44: 21 steps over 3 cases,
+    0 summaries). w = 3 gives an episode that uses its budget two, after steps 3 and 6: a departure in
+    the number, kept in the ratio of summaries to a full episode. None: the agent loop's
+    `--summary-every`, the raw history without the previous summary and no end summary (runs recorded
+    before issue 44)."""
+    retrospect_context: Literal["both", "actor", "summariser"] = "both"
+    """Who looks back over the whole history (the published `retrospect_context`, default both; the
+    paper's ablation): `both`, the actor keeps every raw turn and the summariser re-reads them all;
+    `actor`, the summariser reads only the steps since its previous summary; `summariser`, the actor
+    sees the latest summary and only the turns after it."""
+    end_summary: bool = True
+    """Summarise once more when the episode ends; reflection reads that summary (the published
+    `react` summarises after its loop and hands the summarised trajectory to the extractor)."""
     writing: bool = True
     """Distil and store an experience after each case (false: frozen bank).
     Offline test mode and the w/o-writing ablation set it false."""
@@ -66,5 +82,13 @@ class RetroSumPolicy(PolicyBase):
         "no-summariser-lessons": {"summariser_lessons": False},
         "answer-lessons-everywhere": {"answer_lessons_floor": -1.0},
         "no-lesson-review": {"review_lessons": False},
+        # The paper's retrospection ablation (published retrospect_context).
+        "retrospect-actor-only": {"retrospect_context": "actor"},
+        "retrospect-summariser-only": {"retrospect_context": "summariser"},
+        "no-retrospection": {"summary_every": 0, "end_summary": False},
     }
-    recorded_defaults: ClassVar[dict[str, Any]] = {"answer_lessons_floor": -1.0, "review_lessons": False}
+    recorded_defaults: ClassVar[dict[str, Any]] = {"answer_lessons_floor": -1.0, "review_lessons": False,
+                                                   "summary_every": None, "retrospect_context": "both",
+                                                   "end_summary": False}
+    code_version: ClassVar[int] = 2
+    """2: the policy's own retrospection (`summary_every`, `retrospect_context`, `end_summary`; issue 44); 1 before."""

@@ -88,16 +88,18 @@ def fhir_lesson_prompt(case: FhirCase, answer: AnswerGiven, fb: FeedbackRecorded
     trace = "\n".join(f"{s.kind}: {s.content[:1500]}" for s in answer.steps) or "(no steps recorded)"
     taught = "\n".join(f"- ({i.detail.get('audience', 'actor')}) {i.text}" for i in shown) or "(none)"
     verdict = "correct" if fb.correct else "wrong"
+    summaries = [s.content for s in answer.steps if s.kind == "summary"]  # (none in runs before issue 44)
+    summary = f"## Latest retrospective summary\n{summaries[-1]}\n\n" if summaries else ""
     return (f"## FHIR task (type {case.task_type}, category: {case.category})\n{case.instruction}\n\n"
             f"## Context\n{case.context}\n\n## Lessons the agent was shown\n{taught}\n\n"
-            f"## Agent trajectory\n{trace}\n\n## Outcome\nAgent finished with {answer.answer} (via "
+            f"## Agent trajectory\n{trace}\n\n{summary}## Outcome\nAgent finished with {answer.answer} (via "
             f"{answer.source}); graded {verdict} by {fb.gold}.")
 
 
 def offline_fhir_lessons(case: FhirCase, answer: AnswerGiven, fb: FeedbackRecorded) -> ExperienceDraft:
     """The `sim` lesson writer on a FHIR task: the template's key terms and the trajectory's action
     pattern (resource types, parameter and field names, FINISH shape), kept on success and flagged on
-    failure. No summariser lesson: the FHIR agent loop writes no retrospective summary."""
+    failure. No summariser lesson: the sim agent writes no retrospective summary."""
     terms = fhir_terms(case.instruction)
     label, pattern = task_label(terms), procedure(answer.steps, answer.answer)
     text = (f"For {label}: {pattern}; {verdict_line(True)}." if fb.correct else

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Iterable
 from grandrounds.handlers.agent.protocol import mentioned_options
 from grandrounds.handlers.cases import Case
-from grandrounds.handlers.policies.base import SUMMARISER, MemoryPolicy, ask_or_fail
+from grandrounds.handlers.policies.base import SUMMARISER, MemoryPolicy, Retrospection, ask_or_fail
 from grandrounds.handlers.policies.fhir_lessons import fhir_terms
 from grandrounds.handlers.policies.precedents import review_text
 from grandrounds.handlers.policies.render import render_items
@@ -121,6 +121,13 @@ class RetroSumMemory(MemoryPolicy):
                           if cos >= cfg.answer_lessons_floor or not names_an_option(item, case)]
         actor = [i for i in items if i.detail.get("audience") != SUMMARISER]
         return MemoryRetrieved(memory_seq=memory_seq, items=items, prefix=render_items([(ACTOR_TITLE, actor)]))
+
+    def retrospection(self, ctx, view, memory: MemoryRetrieved) -> Retrospection | None:
+        """The paper's retrospective summaries (None for a run recorded before issue 44: the loop's own)."""
+        cfg = self.config
+        if cfg.summary_every is None:
+            return None
+        return Retrospection(cfg.summary_every, cfg.retrospect_context, previous=True, final=cfg.end_summary)
 
     async def reflect(self, ctx, case: Case, memory: MemoryRetrieved, answer: AnswerGiven,
                       fb: FeedbackRecorded) -> CaseFailed | None:
