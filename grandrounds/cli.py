@@ -49,7 +49,8 @@ def schema_actions_apply(env: str, fhir_protocol: str | None, actions: str) -> b
 @click.option("--live-fallthrough", is_flag=True, help="record backend: call the model on a miss instead of failing.")
 @click.option("--max-steps", default=7, show_default=True, type=click.IntRange(min=1), help="Agent steps per case (openai).")
 @click.option("--summary-every", default=10, show_default=True, type=click.IntRange(min=0),
-              help="RetroSum: summarise the whole history every W agent steps (openai; 0 = off).")
+              help="Summarise the whole history every W agent steps (openai, MCQ loop; 0 = off). "
+                   "The retrosum policy sets its own (its summary_every, 3 in the preset).")
 @click.option("--actions", type=click.Choice(["auto", "schema", "text"]), default="auto", show_default=True,
               help="openai: how agent turns are decoded (MCQ cases, AgentClinic doctor turns, the medagentbench react "
                    "loop; the official MedAgentBench protocol is always its own text). auto: probe once whether the "

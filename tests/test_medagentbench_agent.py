@@ -100,6 +100,35 @@ def test_react_loop_task3_post_and_failure_without_finish(env):
     assert "FINISH" in gw.prompts[-1][-1]["content"]  # the final-step notice speaks the FHIR protocol
 
 
+def test_the_react_loop_writes_retrosums_summaries_and_grading_is_unchanged(env):
+    """RetroSum in the FHIR react loop (issue 44): a summary after step 2 of the task's lookups, one
+    more at the end; the summariser is told the task and its context, never the gold."""
+    from grandrounds.handlers.agent.retrosum import Retrospection
+    sandbox, functions, cases = env
+    case = cases["mab-task1_1"]
+    look = ('<reasoning>look up</reasoning><tool>{"name": "get_patient", "arguments": '
+            '{"given": "Peter", "family": "Stafford", "birthdate": "1932-12-29"}}</tool>')
+    gw = ScriptedGateway(["<reasoning>r</reasoning><tool>{bad json</tool>", look, "SUMMARY AFTER 2",
+                          '<reasoning>found</reasoning><response>FINISH(["S6534835"])</response>', "END SUMMARY"])
+    tools = FhirTools(functions, sandbox.base)
+    answer = asyncio.run(run_fhir_agent(gw, case.view(), tools, recorder(), retrospection=Retrospection(2),
+                                        lessons=["Keep the identifier the lookup returns."]))
+    kinds = [s.kind for s in answer.steps]
+    assert kinds[-2:] == ["response", "summary"] and kinds.count("summary") == 2
+    assert [s.content for s in answer.steps if s.kind == "summary"] == ["SUMMARY AFTER 2", "END SUMMARY"]
+    summariser = gw.prompts[2][1]["content"]
+    assert case.instruction in summariser and "## Full history (steps 1-2)" in summariser
+    assert "Keep the identifier the lookup returns." in summariser and "S6534835" not in summariser.split("### Step")[0]
+    assert "SUMMARY AFTER 2" in gw.prompts[3][-1]["content"]  # the actor sees it after the raw turns
+    assert "## Previous summary (written after step 2)" in gw.prompts[4][1]["content"]
+    assert grade_now(case, tools.trajectory, sandbox.base).correct
+    # without retrospection (every policy but RetroSum) the FHIR loop writes none, as before issue 44
+    gw = ScriptedGateway([look, '<reasoning>found</reasoning><response>FINISH(["S6534835"])</response>'])
+    plain = asyncio.run(run_fhir_agent(gw, case.view(), FhirTools(functions, sandbox.base), recorder(),
+                                       AgentConfig(summary_every=1)))
+    assert "summary" not in [s.kind for s in plain.steps] and len(gw.prompts) == 2
+
+
 def test_sim_agent_runs_every_offline_task_and_grades_it(env):
     sandbox, functions, cases = env
     results = Counter()
