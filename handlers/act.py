@@ -25,6 +25,20 @@ class ActError(Bug, RuntimeError):
     task kind it cannot): a bug of that backbone, not of the case."""
 
 
+def _agent_extras(ctx: RunContext, view: CaseView | FhirCaseView, memory: MemoryRetrieved) -> dict:
+    """What the MCQ and FHIR agent loops are handed besides the case: the stage's recorder (model
+    backbones), the policy's per-step retrieval (SELSM) and its retrospective summaries (RetroSum,
+    for backbones whose loops write them), each only when there is one."""
+    extra = {"recorder": stage_recorder(ctx.writer, view.case_id, "act")} if records_exchanges(ctx.backbone) else {}
+    step_memory = ctx.mechanism.step_memory(ctx, view, memory)
+    if step_memory is not None:
+        extra["step_memory"] = step_memory
+    retrospection = ctx.mechanism.retrospection(ctx, view, memory)
+    if retrospection is not None and getattr(ctx.backbone, "summarises", False):
+        extra["retrospection"] = retrospection
+    return extra
+
+
 async def act(ctx: RunContext, view: CaseView | FhirCaseView, memory: MemoryRetrieved,
               toolbox: ToolBox) -> AnswerGiven | CaseFailed:
     # `view` has no answer field: the leakage guard is a type, not a promise.
@@ -33,13 +47,7 @@ async def act(ctx: RunContext, view: CaseView | FhirCaseView, memory: MemoryRetr
     if view.kind == "osce":
         return await act_osce(ctx, view, memory, toolbox)
     rng = case_rng(ctx.seed, view.case_id, "act")
-    extra = {"recorder": stage_recorder(ctx.writer, view.case_id, "act")} if records_exchanges(ctx.backbone) else {}
-    step_memory = ctx.mechanism.step_memory(ctx, view, memory)
-    if step_memory is not None:  # per-step retrieval (SELSM): only passed when the policy has it
-        extra["step_memory"] = step_memory
-    retrospection = ctx.mechanism.retrospection(ctx, view, memory)
-    if retrospection is not None and getattr(ctx.backbone, "summarises", False):  # RetroSum, model agent loops
-        extra["retrospection"] = retrospection
+    extra = _agent_extras(ctx, view, memory)
     try:
         answer = await ctx.backbone.act(view, memory, toolbox, rng, **extra)
     except CaseFailure as exc:
@@ -58,13 +66,7 @@ async def act_fhir(ctx: RunContext, view: FhirCaseView, memory: MemoryRetrieved,
     act_on = getattr(ctx.backbone, "act_fhir", None)
     if act_on is None:
         raise ActError(f"case {view.case_id}: the {ctx.backbone.name} backbone cannot act on FHIR tasks")
-    extra = {"recorder": stage_recorder(ctx.writer, view.case_id, "act")} if records_exchanges(ctx.backbone) else {}
-    step_memory = ctx.mechanism.step_memory(ctx, view, memory)
-    if step_memory is not None:  # per-step retrieval (SELSM), as for MCQ cases
-        extra["step_memory"] = step_memory
-    retrospection = ctx.mechanism.retrospection(ctx, view, memory)
-    if retrospection is not None and getattr(ctx.backbone, "summarises", False):  # RetroSum, model agent loops
-        extra["retrospection"] = retrospection
+    extra = _agent_extras(ctx, view, memory)
     env = ctx.environment
     try:
         answer = await act_on(view, memory, tools, **extra)

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from grandrounds.cli import main
@@ -109,31 +110,22 @@ def test_a_log_of_the_float_arithmetic_keeps_its_chain_and_is_named_not_re_execu
     assert "retrieve: recorded by version 1, this build is 2" in " ".join(result.reasons)
 
 
-LEGACY_SELSM = Path(__file__).resolve().parent / "golden" / "legacy" / "selsm-state-view-1.jsonl"
+LEGACY_BEFORE_44 = Path(__file__).resolve().parent / "golden" / "legacy"
 
 
-def test_a_selsm_log_from_before_the_state_view_re_executes_identically():
-    """SELSM policy version 1 (before issue 44) embedded states whole; its run.started holds no
-    `state_view`, so it re-executes with the whole text (recorded_defaults) to the same bytes."""
-    events = load_jsonl(LEGACY_SELSM)
+@pytest.mark.parametrize("log, field", [
+    # SELSM policy version 1 embedded states whole; without `state_view` it re-executes with the whole text.
+    ("selsm-state-view-1.jsonl", "state_view"),
+    # RetroSum policy version 1 left summaries to the agent loop's --summary-every; without `summary_every`
+    # it re-executes that way.
+    ("retrosum-retrospection-1.jsonl", "summary_every"),
+])
+def test_a_log_from_before_issue_44_re_executes_identically(log, field):
+    """A policy version 1 log (before issue 44) lacks the field the change added, so it is rebuilt with
+    the field's recorded default (recorded_defaults) and re-executes to the same bytes."""
+    events = load_jsonl(LEGACY_BEFORE_44 / log)
     started = events[0].payload
-    assert started["code"]["policy"] == 1 and "state_view" not in started["policy"]
-    with EventStore(":memory:") as store:
-        store.import_events(events)
-        result = verify_run(store, events[0].run_id, EmbeddingCache(shared_minilm(), store.conn))
-    assert result.identical and result.ok
-    assert "policy: recorded by version 1, this build is 2" in result.code_versions["differences"]
-
-
-LEGACY_RETROSUM = Path(__file__).resolve().parent / "golden" / "legacy" / "retrosum-retrospection-1.jsonl"
-
-
-def test_a_retrosum_log_from_before_its_own_retrospection_re_executes_identically():
-    """RetroSum policy version 1 (before issue 44) left summaries to the agent loop's --summary-every;
-    its run.started holds no `summary_every`, so it re-executes that way (recorded_defaults)."""
-    events = load_jsonl(LEGACY_RETROSUM)
-    started = events[0].payload
-    assert started["code"]["policy"] == 1 and "summary_every" not in started["policy"]
+    assert started["code"]["policy"] == 1 and field not in started["policy"]
     with EventStore(":memory:") as store:
         store.import_events(events)
         result = verify_run(store, events[0].run_id, EmbeddingCache(shared_minilm(), store.conn))

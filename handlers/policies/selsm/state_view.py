@@ -20,6 +20,8 @@ before it embedded the whole text (`state_view = 1`) and re-execute so.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from grandrounds.store import wordpieces
 
 QUERY_PIECES = 96
@@ -51,6 +53,7 @@ def split_state(state: str) -> tuple[str, list[tuple[str, str]]]:
     return query, steps
 
 
+@lru_cache(maxsize=4096)  # the fit below renders the same steps at several widths; each cut tokenizes
 def _line(t: int, action: str, observation: str, observation_pieces: int) -> str:
     # Whitespace folded (a pretty-printed JSON body on one line: the same pieces, fewer characters).
     act = wordpieces.cut(" ".join(action.split()), ACTION_PIECES)
